@@ -23,5 +23,5 @@ def frames_for_samples(num_samples: int, fps: int, sample_rate: int) -> int:
 
 
 def frame_at_sample(sample: int, fps: int, sample_rate: int) -> int:
-    """The frame whose interval contains ``sample``."""
-    return (sample * fps) // sample_rate
+    """The frame whose interval contains ``sample``: the last frame starting at or before it."""
+    return frames_for_samples(sample + 1, fps, sample_rate) - 1

@@ -1,0 +1,149 @@
+"""The ``talkloop`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.core.errors import TalkloopError
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'256' or '320x256' (width x height)."""
+    parts = text.lower().split("x")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"size must look like 256 or 320x256, got {text!r}"
+        ) from None
+    if len(nums) == 1:
+        return nums[0], nums[0]
+    if len(nums) == 2:
+        return nums[0], nums[1]
+    raise argparse.ArgumentTypeError(f"size must look like 256 or 320x256, got {text!r}")
+
+
+def add_video_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--size", type=parse_size, default=(256, 256), help="256 or WxH (multiples of 32)"
+    )
+    p.add_argument("--fps", type=int, default=25)
+    p.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--weights", type=Path, help="checkpoint folder (default: installed weights)")
+    g.add_argument(
+        "--untrained", action="store_true", help="random weights (no face: tests, benchmarks)"
+    )
+    g.add_argument("--preset", choices=["default", "tiny"], default="default", help="network sizes")
+    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="talkloop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("render", help="render an audio file to an mp4 of the avatar speaking")
+    r.add_argument("--audio", required=True, help="driving audio (wav, flac, mp3, ogg, m4a, video)")
+    r.add_argument("--out", required=True, help="output .mp4")
+    r.add_argument("--reference", help="avatar image (PNG/JPEG); default: the bundled avatar")
+    r.add_argument("--prompt", default="", help='style text, e.g. "calm, friendly, nods a lot"')
+    r.add_argument(
+        "--size", type=parse_size, default=(256, 256), help="256 or WxH (multiples of 32)"
+    )
+    r.add_argument("--fps", type=int, default=25)
+    r.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 4)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--preview", action="store_true", help="fast draft: 2 steps, fastest encoder")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_model_args(r)
+
+    b = sub.add_parser("bench", help="measure ttff, rtf, fps and memory against a naive baseline")
+    from pipeline.bench.run import add_bench_args
+
+    add_bench_args(b)
+    add_video_args(b)
+    add_model_args(b)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace):
+    from pipeline.core.config import build_config
+
+    width, height = getattr(args, "size", (256, 256))
+    sampler: dict[str, object] = {}
+    output: dict[str, object] = {}
+    steps = getattr(args, "steps", None)
+    if getattr(args, "preview", False):
+        sampler["steps"] = 2 if steps is None else steps
+        output["preset"] = "ultrafast"
+    elif steps is not None:
+        sampler["steps"] = steps
+    return build_config(
+        video={"width": width, "height": height, "fps": getattr(args, "fps", 25)},
+        sampler=sampler,
+        output=output,
+        model={
+            "preset": args.preset,
+            "weights": args.weights,
+            "untrained": args.untrained,
+            "dtype": args.dtype,
+        },
+        seed=getattr(args, "seed", 0),
+    )
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from pipeline.render import check_output_path, render_file
+
+    config = config_from_args(args)
+    check_output_path(args.out)
+    result = render_file(
+        config, args.audio, args.out, args.reference, args.prompt, progress=not args.quiet
+    )
+    what = f"{result.frames} frames ({result.media_seconds:.2f} s) to {result.path}"
+    if result.interrupted:
+        print(f"talkloop: interrupted: wrote {what}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"wrote {what} in {result.wall_seconds:.1f} s (rtf {result.rtf:.2f})")
+    return 0
+
+
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        if args.command == "render":
+            return cmd_render(args)
+        if args.command == "bench":
+            from pipeline.bench.run import cmd_bench
+
+            return cmd_bench(args, config_from_args(args))
+    except TalkloopError as err:
+        print(f"talkloop: error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("talkloop: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

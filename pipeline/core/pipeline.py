@@ -1,0 +1,465 @@
+"""Pipeline: connects stages, owns each session's rolling memory and drives the chunk schedule.
+
+A pipeline has four phases, each a list of stages over named fields:
+
+- ``init``    (once per session): reference image and prompt -> conditioning;
+- ``n_chunk`` (per N chunk): audio windows -> features -> low-res latents of the chunk;
+- ``i_chunk`` (per I chunk): the new N chunk + the previous anchor -> the interior latents;
+- ``publish`` (per display segment): low-res latents in display order -> SR -> RGB frames.
+
+Streaming and batch are the same loop: ``Session.step`` runs the next N chunk (and the I chunk
+before it) as soon as its audio is there and publishes to the sinks. Batch mode pulls audio from
+a finite source as fast as it can; streaming mode is fed by ``push_audio`` from another thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.core.clock import frame_start_sample, frames_for_samples
+from pipeline.core.config import TalkloopConfig
+from pipeline.core.errors import InputError, PipelineError, SessionClosedError
+from pipeline.core.module import Module
+from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from pipeline.core.schedule import NChunk, Timeline
+from pipeline.core.stage import Stage, StageContext
+from pipeline.core.state import SESSION_FIELDS, SessionState
+from pipeline.outputs.sink import Sink
+
+# Session fields that start as None and are valid that way ("start of stream").
+SESSION_START_VALUES = frozenset(
+    {"context_latents", "context_audio", "audio_norm", "decoder_cache"}
+)
+
+
+@dataclass
+class Phase:
+    """A list of stages and the work fields the pipeline provides to them."""
+
+    name: str
+    inputs: frozenset[str]
+    stages: Sequence[Stage]
+
+
+def default_phases(config: TalkloopConfig) -> dict[str, Phase]:
+    from pipeline.stages.a2v import A2VStage
+    from pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
+    from pipeline.stages.decode import DecodeStage
+    from pipeline.stages.init import PromptStage, ReferenceStage
+    from pipeline.stages.sr import SRStage
+
+    a2v = A2VStage(config.sampler)
+    return {
+        "init": Phase(
+            "init", frozenset({"reference_image", "prompt"}), [ReferenceStage(), PromptStage()]
+        ),
+        "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage()]),
+        "n_chunk": Phase(
+            "n_chunk",
+            frozenset({"job", "seed", "audio_windows"}),
+            [AudioFeatureStage(), NContextStage(), a2v],
+        ),
+        "i_chunk": Phase(
+            "i_chunk",
+            frozenset({"job", "seed", "next_latents", "next_audio"}),
+            [IContextStage(), a2v],
+        ),
+        "publish": Phase("publish", frozenset({"segment_latents"}), [SRStage(), DecodeStage()]),
+    }
+
+
+def check_graph(phases: Mapping[str, Phase], modules: Mapping[str, Module]) -> None:
+    """Raise PipelineError naming the first stage that reads a field nobody produces or needs a
+    module that is not loaded."""
+    init = phases.get("init")
+    from_init = {f for s in init.stages for f in s.writes} if init else set()
+    for phase in phases.values():
+        available = set(phase.inputs) | (SESSION_START_VALUES & SESSION_FIELDS)
+        if phase.name != "init":
+            available |= from_init & SESSION_FIELDS
+        for stage in phase.stages:
+            for need in stage.needs:
+                if need not in modules:
+                    raise PipelineError(
+                        f"stage {stage.name!r} (phase {phase.name!r}) needs module {need!r}, "
+                        f"which is not loaded (loaded: {', '.join(sorted(modules)) or 'none'})"
+                    )
+            for f in stage.reads:
+                if f not in available:
+                    raise PipelineError(
+                        f"stage {stage.name!r} (phase {phase.name!r}) reads {f!r}, but no earlier "
+                        f"stage writes it and it is not an input of the phase "
+                        f"(inputs: {', '.join(sorted(phase.inputs))})"
+                    )
+            available |= set(stage.writes)
+    for required in ("init", "n_chunk", "i_chunk", "publish"):
+        if required not in phases:
+            raise PipelineError(f"pipeline has no {required!r} phase")
+    if "frames" not in {f for s in phases["publish"].stages for f in s.writes}:
+        raise PipelineError("no stage of phase 'publish' writes 'frames'")
+    if "latents" not in {f for s in phases["n_chunk"].stages for f in s.writes}:
+        raise PipelineError("no stage of phase 'n_chunk' writes 'latents'")
+
+
+class Pipeline:
+    """Stages + modules for one config. Sessions share the modules, never state.
+
+    Args:
+        config: the root config.
+        modules: loaded modules by name.
+        phases: stage lists; ``default_phases(config)`` if omitted.
+    """
+
+    def __init__(
+        self,
+        config: TalkloopConfig,
+        modules: Mapping[str, Module],
+        phases: Mapping[str, Phase] | None = None,
+    ) -> None:
+        self.config = config
+        self.modules = dict(modules)
+        self.phases = dict(phases or default_phases(config))
+        check_graph(self.phases, self.modules)
+        self.timeline = Timeline(config.schedule)
+        enc = self.modules["audio_encoder"].config if "audio_encoder" in self.modules else None
+        if (
+            enc is not None
+            and getattr(enc, "sample_rate", config.audio.sample_rate) != config.audio.sample_rate
+        ):
+            raise PipelineError(
+                f"the audio encoder expects {enc.sample_rate} Hz but audio.sample_rate is "
+                f"{config.audio.sample_rate}; set audio.sample_rate={enc.sample_rate}"
+            )
+        self.window_samples = int(getattr(enc, "window_samples", 0))
+        self.lookahead_samples = int(getattr(enc, "lookahead_samples", 0))
+        self.info = StreamInfo(
+            config.video.width, config.video.height, config.video.fps, config.audio.sample_rate
+        )
+
+    @classmethod
+    def from_config(cls, config: TalkloopConfig) -> Pipeline:
+        from pipeline.models.registry import load_modules
+
+        return cls(config, load_modules(config))
+
+    def open_session(
+        self,
+        reference: np.ndarray,
+        prompt: str = "",
+        sinks: Sequence[Sink] = (),
+        seed: int | None = None,
+    ) -> Session:
+        """Start a session: encode the reference and prompt, open the sinks."""
+        return Session(self, reference, prompt, sinks, self.config.seed if seed is None else seed)
+
+    # -- running phases ---------------------------------------------------------------------------
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.config.model.dtype == "bfloat16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def run_phase(self, name: str, work: dict[str, Any], state: SessionState) -> dict[str, Any]:
+        """Run the stages of phase ``name`` over ``work`` (its input fields) and the state."""
+        with torch.inference_mode(), self.autocast():
+            for stage in self.phases[name].stages:
+                stage.run(StageContext(stage, work, state, self.modules, SESSION_FIELDS))
+        return work
+
+
+@dataclass
+class SessionStats:
+    """Running figures of a session (constant size: no histories)."""
+
+    frames: int = 0
+    chunks: int = 0
+    generate_seconds: float = 0.0
+    first_frame_at: float | None = None  # perf_counter() when the first frame was published
+    first_audio_at: float | None = None  # perf_counter() when the first audio sample arrived
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ttff_ms(self) -> float | None:
+        if self.first_frame_at is None or self.first_audio_at is None:
+            return None
+        return (self.first_frame_at - self.first_audio_at) * 1000.0
+
+
+class Session:
+    """One avatar stream. Not created directly: use ``Pipeline.open_session``.
+
+    Thread model: ``push_audio``/``end_audio``/``set_prompt`` may be called from any thread; the
+    ``step``/``render``/``run_live`` loop runs on one worker thread.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        reference: np.ndarray,
+        prompt: str,
+        sinks: Sequence[Sink],
+        seed: int,
+    ) -> None:
+        cfg = pipeline.config
+        if reference.shape != (cfg.video.height, cfg.video.width, 3) or reference.dtype != np.uint8:
+            raise InputError(
+                f"reference must be a ({cfg.video.height}, {cfg.video.width}, 3) uint8 RGB array, "
+                f"got {reference.shape} {reference.dtype}"
+            )
+        self.pipeline = pipeline
+        self.seed = seed
+        self.sinks = list(sinks)
+        self.state = SessionState(prompt=prompt)
+        self.stats = SessionStats()
+        self._cond = threading.Condition()
+        self._pending_prompt: str | None = None
+        self._closed = False
+        self._max_buffer = cfg.audio.sample_rate * 30  # backpressure bound for push_audio
+        pipeline.run_phase("init", {"reference_image": reference, "prompt": prompt}, self.state)
+        opened: list[Sink] = []
+        try:
+            for sink in self.sinks:
+                sink.open(pipeline.info)
+                opened.append(sink)
+        except BaseException:
+            for sink in opened:
+                sink.abort()
+            raise
+
+    # -- input ------------------------------------------------------------------------------------
+
+    def push_audio(self, samples: np.ndarray, timeout: float | None = None) -> None:
+        """Append driving audio: float32 mono at the pipeline's sample rate.
+
+        Blocks while more than 30 s of audio is waiting (backpressure), up to ``timeout``.
+        """
+        samples = np.asarray(samples)
+        if samples.ndim != 1 or not np.issubdtype(samples.dtype, np.floating):
+            raise InputError(
+                f"audio must be a 1-D float array (mono), got {samples.shape} {samples.dtype}"
+            )
+        if not np.all(np.isfinite(samples)):
+            raise InputError("audio contains NaN or infinite samples")
+        with self._cond:
+            if self._closed or self.state.audio.ended:
+                raise SessionClosedError("cannot push audio: the session's audio has ended")
+            buf = self.state.audio
+            if not self._cond.wait_for(
+                lambda: buf.samples.shape[0] < self._max_buffer or self._closed, timeout
+            ):
+                raise TimeoutError("audio buffer full: the pipeline is behind")
+            if self.stats.first_audio_at is None and samples.size:
+                self.stats.first_audio_at = time.perf_counter()
+            buf.append(samples)
+            self._cond.notify_all()
+
+    def end_audio(self) -> None:
+        """No more audio will come: the remaining chunks run with the audio received."""
+        with self._cond:
+            self.state.audio.ended = True
+            self._cond.notify_all()
+
+    def set_prompt(self, prompt: str) -> None:
+        """Change the text conditioning from the next chunk on."""
+        with self._cond:
+            self._pending_prompt = prompt
+
+    # -- schedule ---------------------------------------------------------------------------------
+
+    def _total_frames(self) -> int | None:
+        buf, info = self.state.audio, self.pipeline.info
+        return frames_for_samples(buf.received, info.fps, info.sample_rate) if buf.ended else None
+
+    def _audio_needed(self, n: NChunk) -> int:
+        """Samples that must have arrived before N chunk ``n`` can run (its last window's end)."""
+        info = self.pipeline.info
+        return (
+            frame_start_sample(n.stop, info.fps, info.sample_rate) + self.pipeline.lookahead_samples
+        )
+
+    def next_chunk(self) -> NChunk | None:
+        return self.pipeline.timeline.n_chunk(self.state.next_n, self._total_frames())
+
+    @property
+    def finished(self) -> bool:
+        return self.state.audio.ended and self.next_chunk() is None
+
+    def ready(self) -> bool:
+        """True when ``step`` would generate a chunk without waiting for audio."""
+        with self._cond:
+            n = self.next_chunk()
+            if n is None:
+                return False
+            return self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._closed or self.finished or self._ready_locked(), timeout
+            )
+
+    def _ready_locked(self) -> bool:
+        n = self.next_chunk()
+        return n is not None and (
+            self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
+        )
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Generate and publish the next N chunk (and the I chunk before it) if its audio is here.
+
+        Returns the number of frames published (0 when not ready or finished).
+        """
+        if self._closed:
+            raise SessionClosedError("the session is closed")
+        p, state = self.pipeline, self.state
+        with self._cond:
+            if not self._ready_locked():
+                return 0
+            n = self.next_chunk()
+            assert n is not None  # _ready_locked checked it
+            windows = self._windows(n)
+            total_samples = state.audio.received if state.audio.ended else None
+            prompt, self._pending_prompt = self._pending_prompt, None
+        t0 = time.perf_counter()
+        if prompt is not None and prompt != state.prompt:
+            state.prompt = prompt
+            p.run_phase("prompt", {"prompt": prompt}, state)
+        work = p.run_phase(
+            "n_chunk", {"job": n, "seed": self.seed, "audio_windows": windows}, state
+        )
+        latents, chunk_audio = work.pop("latents"), work.pop("chunk_audio")
+        del work, windows
+        segments = p.timeline.segments_after(n)
+        if len(segments) == 2:  # an I chunk redoes the first frames of n
+            i_job = segments[0].source
+            i_work = p.run_phase(
+                "i_chunk",
+                {
+                    "job": i_job,
+                    "seed": self.seed,
+                    "next_latents": latents,
+                    "next_audio": chunk_audio,
+                },
+                state,
+            )
+            display = torch.cat([i_work.pop("latents"), latents[i_job.length :]])
+            del i_work
+        else:
+            display = latents
+        # Roll the motion context forward: the tail of the newest N chunk and its audio features.
+        ctx_len = min(p.config.schedule.ctx_len, latents.shape[0])
+        state.context_latents = latents[-ctx_len:].clone()
+        state.context_audio = chunk_audio[-ctx_len:].clone()
+        del latents, chunk_audio
+        frames = p.run_phase("publish", {"segment_latents": display}, state).pop("frames")
+        del display
+        self.stats.generate_seconds += time.perf_counter() - t0
+        self._publish(n.start, frames, total_samples)
+        with self._cond:
+            state.next_n += 1
+            state.frames_published = n.stop
+            self._trim_audio()
+            self._cond.notify_all()
+        self.stats.chunks += 1
+        return int(frames.shape[0])
+
+    def _windows(self, n: NChunk) -> np.ndarray:
+        """(T, W) audio windows of the frames of ``n``, each ending lookahead after its frame."""
+        info, p = self.pipeline.info, self.pipeline
+        ends = [
+            frame_start_sample(j + 1, info.fps, info.sample_rate) + p.lookahead_samples
+            for j in range(n.start, n.stop)
+        ]
+        return np.stack([self.state.audio.window(e - p.window_samples, e) for e in ends])
+
+    def _trim_audio(self) -> None:
+        """Release audio that neither publishing nor a future window needs."""
+        info, p, done = self.pipeline.info, self.pipeline, self.state.frames_published
+        keep_from = min(
+            frame_start_sample(done, info.fps, info.sample_rate),
+            frame_start_sample(done + 1, info.fps, info.sample_rate)
+            + p.lookahead_samples
+            - p.window_samples,
+        )
+        self.state.audio.trim_before(max(0, keep_from))
+
+    def _publish(self, first: int, frames: np.ndarray, total_samples: int | None) -> None:
+        info = self.pipeline.info
+        a = frame_start_sample(first, info.fps, info.sample_rate)
+        b = frame_start_sample(first + frames.shape[0], info.fps, info.sample_rate)
+        if total_samples is not None:
+            b = min(b, total_samples)
+        with self._cond:
+            audio = self.state.audio.window(a, b)
+        video_chunk, audio_chunk = VideoChunk(frames, first), AudioChunk(audio, a)
+        for sink in self.sinks:
+            sink.write(video_chunk, audio_chunk)
+        if self.stats.first_frame_at is None:
+            self.stats.first_frame_at = time.perf_counter()
+        self.stats.frames += frames.shape[0]
+
+    # -- drivers ----------------------------------------------------------------------------------
+
+    def render(self, source: Iterable[np.ndarray]) -> None:
+        """Batch mode: pull audio blocks from ``source`` only as needed, run every chunk, close."""
+        blocks: Iterator[np.ndarray] = iter(source)
+        try:
+            while not self.finished:
+                if self.step():
+                    continue
+                block = next(blocks, None)
+                if block is None:
+                    self.end_audio()
+                else:
+                    self.push_audio(block)
+        except KeyboardInterrupt:
+            self.close()  # Ctrl-C / SIGTERM: keep what was produced, finalised and playable
+            raise
+        except BaseException:
+            self.abort()
+            raise
+        self.close()
+
+    def run_live(self, stop: threading.Event | None = None) -> None:
+        """Streaming mode: generate as audio is pushed from other threads until it ends."""
+        try:
+            while not self.finished and not (stop and stop.is_set()):
+                if not self.step():
+                    self.wait_ready(timeout=0.05)
+        except BaseException:
+            self.abort()
+            raise
+        self.close()
+
+    def close(self) -> None:
+        """Finish: sinks finalise what was produced."""
+        self._end(abort=False)
+
+    def abort(self) -> None:
+        """Error: sinks discard what was produced."""
+        self._end(abort=True)
+
+    def _end(self, abort: bool) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        errors: list[BaseException] = []
+        for sink in self.sinks:
+            try:
+                sink.abort() if abort else sink.close()
+            except BaseException as err:  # every sink gets its close, then the first error
+                errors.append(err)
+        if errors:
+            raise errors[0]

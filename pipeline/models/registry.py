@@ -1,0 +1,95 @@
+"""Model families: build the modules a pipeline needs from the model config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline.core.config import TalkloopConfig
+from pipeline.core.errors import ConfigError, WeightsMissingError
+from pipeline.core.module import Module
+
+# Family config field for each module name.
+STUDIO_MODULES = {
+    "vae": "vae",
+    "audio_encoder": "audio",
+    "text_encoder": "text",
+    "a2v": "a2v",
+    "sr": "sr",
+}
+
+INSTALLED_WEIGHTS = Path(__file__).parent / "studio" / "weights"
+INIT_SEED = 0  # random-weight runs are reproducible: the weights never depend on the noise seed
+
+
+def installed_weights() -> Path | None:
+    """The folder of trained studio weights shipped with the package, if any."""
+    return INSTALLED_WEIGHTS if (INSTALLED_WEIGHTS / "a2v.safetensors").is_file() else None
+
+
+def load_modules(config: TalkloopConfig) -> dict[str, Module]:
+    """Build the family's modules; load trained weights unless ``model.untrained`` is set."""
+    from pipeline.models.studio.family import StudioConfig, build_networks
+
+    m = config.model
+    folder: Path | None = None
+    if not m.untrained:
+        folder = m.weights or installed_weights()
+        if folder is None:
+            raise WeightsMissingError(
+                "no trained weights are installed for the studio model (expected "
+                f"{INSTALLED_WEIGHTS}/a2v.safetensors). Pass --weights DIR to use a checkpoint "
+                "folder, or --untrained to run with random weights (the video will not show a face)."
+            )
+        if not folder.is_dir():
+            raise ConfigError(f"weights folder {folder} does not exist")
+    family = _family_from_folder(folder) if folder else getattr(StudioConfig, m.preset)()
+    with torch.random.fork_rng():
+        torch.manual_seed(INIT_SEED)
+        nets = build_networks(family)
+    modules: dict[str, Module] = {}
+    for name, field in STUDIO_MODULES.items():
+        module = Module(name, getattr(family, field), nets[name])
+        if folder is not None and module.state_dict():
+            module.load(folder)
+        modules[name] = module
+    return modules
+
+
+def _family_from_folder(folder: Path):
+    """The family config a checkpoint folder was saved with (one JSON per module)."""
+    from pydantic import ValidationError
+
+    from pipeline.core.errors import CheckpointError
+    from pipeline.models.studio.family import StudioConfig
+
+    parts = {}
+    for name, field in STUDIO_MODULES.items():
+        path = folder / f"{name}.json"
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")
+        try:
+            parts[field] = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{path} is not valid JSON: {err}") from None
+    try:
+        return StudioConfig.model_validate(parts)
+    except ValidationError as err:
+        raise CheckpointError(f"{folder}: invalid model config: {err}") from None
+
+
+DEFAULT_REFERENCE = Path(__file__).parent / "studio" / "default_reference.png"
+
+
+def default_reference():
+    """The bundled default avatar image as (H, W, 3) uint8, fitted to nothing (caller fits)."""
+    from pipeline.core.errors import InputError
+
+    if not DEFAULT_REFERENCE.is_file():
+        raise InputError(
+            "no --reference image given and no default avatar is installed (it ships with the "
+            "trained weights); pass --reference IMG"
+        )
+    return DEFAULT_REFERENCE

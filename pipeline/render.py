@@ -1,0 +1,132 @@
+"""Offline render: an audio file (and a reference image) in, an mp4 out."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.audio.io import load_audio
+from pipeline.core.clock import frames_for_samples
+from pipeline.core.config import TalkloopConfig
+from pipeline.core.errors import InputError
+from pipeline.core.pipeline import Pipeline
+from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from pipeline.outputs.mp4 import Mp4Sink
+from pipeline.reference import load_reference
+
+AUDIO_BLOCK_SECONDS = 1.0
+
+
+@dataclass
+class RenderResult:
+    path: Path
+    frames: int
+    media_seconds: float
+    wall_seconds: float
+    interrupted: bool = False
+
+    @property
+    def rtf(self) -> float:
+        return self.wall_seconds / max(self.media_seconds, 1e-9)
+
+
+def check_output_path(out: str | os.PathLike[str]) -> Path:
+    """Fail early (before any model loads) on an output path that cannot be written."""
+    p = Path(out)
+    if p.suffix.lower() != ".mp4":
+        raise InputError(f"output must be an .mp4 file, got {p}")
+    if p.is_dir():
+        raise InputError(f"output path is a directory: {p}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"output directory does not exist: {parent}")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"output directory is not writable: {parent}")
+    return p
+
+
+def audio_blocks(samples: np.ndarray, sample_rate: int) -> Iterator[np.ndarray]:
+    block = int(sample_rate * AUDIO_BLOCK_SECONDS)
+    for i in range(0, samples.shape[0], block):
+        yield samples[i : i + block]
+
+
+class ProgressSink:
+    """Shows a progress bar with generation fps and real-time factor."""
+
+    def __init__(self, total_frames: int, enabled: bool = True) -> None:
+        self.total = total_frames
+        self.enabled = enabled
+        self.bar: tqdm | None = None
+        self.t0 = 0.0
+        self.fps = 25
+
+    def open(self, info: StreamInfo) -> None:
+        self.fps = info.fps
+        self.t0 = time.perf_counter()
+        self.bar = tqdm(
+            total=self.total, unit="frame", disable=not self.enabled, dynamic_ncols=True
+        )
+
+    def write(self, video: VideoChunk, audio: AudioChunk) -> None:
+        assert self.bar is not None
+        self.bar.update(len(video))
+        elapsed = time.perf_counter() - self.t0
+        media = (video.first_index + len(video)) / self.fps
+        self.bar.set_postfix(
+            fps=f"{self.bar.n / max(elapsed, 1e-9):.1f}", rtf=f"{elapsed / media:.2f}"
+        )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    abort = close
+
+
+def render_file(
+    config: TalkloopConfig,
+    audio_path: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    reference: str | os.PathLike[str] | np.ndarray | None = None,
+    prompt: str = "",
+    progress: bool = False,
+    pipeline: Pipeline | None = None,
+) -> RenderResult:
+    """Render ``audio_path`` to ``out_path``. Inputs are checked before any model is loaded.
+
+    On Ctrl-C or SIGTERM (raised as KeyboardInterrupt) the mp4 of what was produced so far is
+    finalised and the result says ``interrupted``; on any other error no file is left at
+    ``out_path``.
+    """
+    out = check_output_path(out_path)
+    v = config.video
+    if reference is None:
+        from pipeline.models.registry import default_reference
+
+        reference = default_reference()
+    image = (
+        reference
+        if isinstance(reference, np.ndarray)
+        else load_reference(reference, v.width, v.height)
+    )
+    samples = load_audio(audio_path, config.audio.sample_rate)
+    if pipeline is None:
+        pipeline = Pipeline.from_config(config)
+    total = frames_for_samples(samples.shape[0], v.fps, config.audio.sample_rate)
+    mp4 = Mp4Sink(out, crf=config.output.crf, preset=config.output.preset)
+    session = pipeline.open_session(image, prompt, [mp4, ProgressSink(total, progress)])
+    t0 = time.perf_counter()
+    interrupted = False
+    try:
+        session.render(audio_blocks(samples, config.audio.sample_rate))
+    except KeyboardInterrupt:
+        interrupted = True
+    frames = session.stats.frames
+    return RenderResult(out, frames, frames / v.fps, time.perf_counter() - t0, interrupted)
