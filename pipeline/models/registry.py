@@ -49,6 +49,8 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
     with torch.random.fork_rng():
         torch.manual_seed(INIT_SEED)
         nets = build_networks(family)
+    # Conv-heavy decoder: channels_last is ~2x faster on CPU (oneDNN); inputs are converted inside.
+    nets["vae"] = nets["vae"].to(memory_format=torch.channels_last)
     modules: dict[str, Module] = {}
     for name, field in STUDIO_MODULES.items():
         module = Module(name, getattr(family, field), nets[name])

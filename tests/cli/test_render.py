@@ -12,9 +12,9 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from conftest import make_reference
 from PIL import Image
 
-from conftest import make_reference
 from pipeline.audio.io import write_wav
 from pipeline.cli import main
 
@@ -44,16 +44,32 @@ BAD_CASES = [
     ("audio is text", lambda f: ["--audio", str(f["text"])], "not a readable audio"),
     ("audio is image", lambda f: ["--audio", str(f["ref"])], "audio"),
     ("empty audio", lambda f: ["--audio", str(f["empty"])], "empty"),
-    ("missing reference", lambda f: ["--audio", str(f["wav"]), "--reference", str(f["dir"] / "x.png")],
-     "reference image not found"),
-    ("reference not image", lambda f: ["--audio", str(f["wav"]), "--reference", str(f["text"])],
-     "not a readable image"),
-    ("unsupported size", lambda f: ["--audio", str(f["wav"]), "--size", "100"], "unsupported width 100"),
+    (
+        "missing reference",
+        lambda f: ["--audio", str(f["wav"]), "--reference", str(f["dir"] / "x.png")],
+        "reference image not found",
+    ),
+    (
+        "reference not image",
+        lambda f: ["--audio", str(f["wav"]), "--reference", str(f["text"])],
+        "not a readable image",
+    ),
+    (
+        "unsupported size",
+        lambda f: ["--audio", str(f["wav"]), "--size", "100"],
+        "unsupported width 100",
+    ),
     ("bad fps", lambda f: ["--audio", str(f["wav"]), "--fps", "0"], "video.fps"),
-    ("no such out dir", lambda f: ["--audio", str(f["wav"]), "--out", str(f["dir"] / "a" / "b.mp4")],
-     "output directory does not exist"),
-    ("out not mp4", lambda f: ["--audio", str(f["wav"]), "--out", str(f["dir"] / "b.avi")],
-     "must be an .mp4"),
+    (
+        "no such out dir",
+        lambda f: ["--audio", str(f["wav"]), "--out", str(f["dir"] / "a" / "b.mp4")],
+        "output directory does not exist",
+    ),
+    (
+        "out not mp4",
+        lambda f: ["--audio", str(f["wav"]), "--out", str(f["dir"] / "b.avi")],
+        "must be an .mp4",
+    ),
 ]
 
 
@@ -81,8 +97,18 @@ def test_unwritable_output_directory(files, capsys) -> None:
             (files["dir"] / "afile").write_text("x")
         else:
             target = locked / "out.mp4"
-        code, err = run_cli(["--audio", str(files["wav"]), "--reference", str(files["ref"]),
-                             "--out", str(target), *TINY], capsys)
+        code, err = run_cli(
+            [
+                "--audio",
+                str(files["wav"]),
+                "--reference",
+                str(files["ref"]),
+                "--out",
+                str(target),
+                *TINY,
+            ],
+            capsys,
+        )
     finally:
         locked.chmod(0o700)
     assert code == 2 and "output directory" in err
@@ -95,8 +121,9 @@ def test_default_model_says_no_trained_weights(files, capsys) -> None:
     if installed_weights() is not None:
         pytest.skip("trained weights are installed")
     out = files["dir"] / "out.mp4"
-    code, err = run_cli(["--audio", str(files["wav"]), "--reference", str(files["ref"]),
-                         "--out", str(out)], capsys)
+    code, err = run_cli(
+        ["--audio", str(files["wav"]), "--reference", str(files["ref"]), "--out", str(out)], capsys
+    )
     assert code == 2 and "no trained weights are installed" in err
     assert not out.exists()
 
@@ -105,11 +132,23 @@ def probe(path: Path) -> dict:
     with av.open(str(path)) as c:
         v, a = c.streams.video[0], c.streams.audio[0]
         info = {
-            "vcodec": v.codec_context.name, "acodec": a.codec_context.name,
-            "v_start": float(v.start_time * v.time_base), "a_start": float(a.start_time * a.time_base),
-            "v_dur": float(v.duration * v.time_base), "a_dur": float(a.duration * a.time_base),
+            "vcodec": v.codec_context.name,
+            "acodec": a.codec_context.name,
+            "v_start": float(v.start_time * v.time_base),
+            "a_start": float(a.start_time * a.time_base),
+            "v_dur": float(v.duration * v.time_base),
+            "a_dur": float(a.duration * a.time_base),
         }
         info["frames"] = sum(1 for _ in c.decode(video=0))
+    with av.open(str(path)) as c:
+        # Audio as played: the edit list hides the AAC encoder's 1024 priming samples (first
+        # packet at -1024), which the container's stream duration still counts; the last packet
+        # ends at the last real sample.
+        packets = [p for p in c.demux(audio=0) if p.size]
+        tb = packets[0].time_base
+        info["a_first_packet"] = int(packets[0].pts)
+        info["a_end"] = float((packets[-1].pts + packets[-1].duration) * tb)
+        info["a_first"] = 0.0 if packets[0].pts < 0 else float(packets[0].pts * tb)
     return info
 
 
@@ -117,15 +156,28 @@ def probe(path: Path) -> dict:
 @pytest.mark.parametrize("fps", [25, 30])
 def test_render_mp4_durations_match_audio(files, capsys, fps) -> None:
     out = files["dir"] / f"out{fps}.mp4"
-    code, err = run_cli(["--audio", str(files["wav"]), "--reference", str(files["ref"]),
-                         "--out", str(out), "--fps", str(fps), *TINY], capsys)
+    code, err = run_cli(
+        [
+            "--audio",
+            str(files["wav"]),
+            "--reference",
+            str(files["ref"]),
+            "--out",
+            str(out),
+            "--fps",
+            str(fps),
+            *TINY,
+        ],
+        capsys,
+    )
     assert code == 0, err
     info = probe(out)
     duration = 2.0
     assert info["vcodec"] == "h264" and info["acodec"] == "aac"
     assert info["v_start"] == 0 and info["a_start"] == 0
     assert abs(info["v_dur"] - duration) <= 1 / fps
-    assert abs(info["a_dur"] - duration) <= 1 / fps
+    assert info["a_first"] == 0
+    assert abs(info["a_end"] - duration) <= 1 / fps
     assert info["frames"] == int(np.ceil(duration * fps))
 
 
@@ -135,9 +187,22 @@ def test_interrupted_render_leaves_playable_mp4(files, speech, tmp_path) -> None
     write_wav(long_wav, np.resize(speech, 16000 * 60), 16000)
     out = tmp_path / "interrupted.mp4"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "render", "--audio", str(long_wav), "--reference",
-         str(files["ref"]), "--out", str(out), *TINY],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "render",
+            "--audio",
+            str(long_wav),
+            "--reference",
+            str(files["ref"]),
+            "--out",
+            str(out),
+            *TINY,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until frames are being written

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 import torch
-
 from conftest import CollectSink, make_reference, tiny_config
+
 from pipeline.core.clock import frame_start_sample, frames_for_samples
 from pipeline.core.errors import InputError, PipelineError, SessionClosedError
 from pipeline.core.pipeline import Phase, Pipeline, default_phases
@@ -113,7 +113,7 @@ def test_streaming_and_batch_give_bit_identical_frames(pipeline, speech) -> None
 
 
 def test_same_seed_same_frames_other_seed_differs(pipeline, speech) -> None:
-    audio = speech[: RATE]
+    audio = speech[:RATE]
     a = render_batch(pipeline, audio, seed=3).all_frames()
     b = render_batch(pipeline, audio, seed=3).all_frames()
     c = render_batch(pipeline, audio, seed=4).all_frames()
@@ -132,7 +132,9 @@ def test_every_sample_published_once_with_its_frame(pipeline, speech, seconds) -
     expected_first = np.cumsum([0] + [f.shape[0] for f in sink.frames[:-1]]).tolist()
     assert sink.first_indices == expected_first
     # Each segment carries exactly the audio its frames cover; together: the input, once.
-    for first, chunk, first_sample in zip(sink.first_indices, sink.frames, sink.first_samples, strict=True):
+    for first, chunk, first_sample in zip(
+        sink.first_indices, sink.frames, sink.first_samples, strict=True
+    ):
         assert first_sample == frame_start_sample(first, 25, RATE)
         del chunk
     assert np.array_equal(sink.all_audio(), audio)
@@ -172,8 +174,13 @@ def test_session_state_size_is_constant(tiny_modules, speech) -> None:
     assert set(reports) == {20, 400}
     assert reports[20] == reports[400]
     assert set(reports[400]) == {
-        "ref_latent_hr", "ref_latent_lr", "context_latents", "context_audio", "audio_norm",
-        "decoder_cache", "audio",
+        "ref_latent_hr",
+        "ref_latent_lr",
+        "context_latents",
+        "context_audio",
+        "audio_norm",
+        "decoder_cache",
+        "audio",
     }
 
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Sets up talkloop in ./.venv: system packages (as root, with apt-get), the CPU build of
+# PyTorch, then the project. `--test` adds the test dependencies.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+
+need=()
+command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: please install ${need[*]} (as root: apt-get install -y ${need[*]})" >&2
+    exit 1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+# torch first, pinned: an open range would pull the multi-GB CUDA build.
+.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+.venv/bin/pip install -q --disable-pip-version-check -e ".${extras}"

@@ -1,0 +1,71 @@
+"""The studio family: root config, network construction, one chunk through every network."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+import torch
+
+from pipeline.models.studio.a2v import lowres
+from pipeline.models.studio.family import NETWORK_KEYS, StudioConfig, build_networks
+from pipeline.models.studio.sampling import euler_sample
+
+pytestmark = pytest.mark.unit
+
+
+def test_build_networks_keys_and_determinism(tiny, text_encoder) -> None:
+    torch.manual_seed(3)
+    a = build_networks(tiny)
+    torch.manual_seed(3)
+    b = build_networks(tiny)
+    assert tuple(a) == NETWORK_KEYS == ("vae", "audio_encoder", "text_encoder", "a2v", "sr")
+    for key in NETWORK_KEYS:
+        sa, sb = a[key].state_dict(), b[key].state_dict()
+        assert sa.keys() == sb.keys()
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert a["text_encoder"].state_dict() == {}
+
+
+def test_one_chunk_through_untrained_networks(tiny, text_encoder) -> None:
+    torch.manual_seed(0)
+    nets = build_networks(tiny)
+    vae, aenc, a2v, sr = nets["vae"], nets["audio_encoder"], nets["a2v"], nets["sr"]
+    t = 6
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_hr = vae.encode(torch.rand(1, 3, 64, 64) * 2 - 1)  # (1, 8, 8, 8)
+        ref = lowres(ref_hr)  # (1, 8, 4, 4)
+        windows = torch.randn(t, tiny.audio.window_samples) * 0.1
+        mel, _ = aenc.normalise(aenc.log_mel(windows), aenc.init_norm_state())
+        audio = aenc(mel)[None]  # (1, T, dim)
+        text = nets["text_encoder"].encode(["smiling"])
+        noise = torch.randn(1, t, 8, 4, 4)
+        lat = euler_sample(
+            a2v,
+            torch.zeros_like(noise),
+            torch.zeros(1, t, dtype=torch.bool),
+            torch.arange(t).float()[None],
+            ref,
+            audio,
+            text,
+            noise,
+            steps=2,
+        )
+        hr = sr(lat[0], ref_hr)
+        frames, _ = vae.decode(hr)
+    assert frames.shape == (t, 3, 64, 64)
+    assert torch.isfinite(frames).all() and frames.abs().max() <= 1.0
+
+
+def test_default_config_builds_consistently() -> None:
+    cfg = StudioConfig.default()
+    assert cfg.a2v.audio_dim == cfg.audio.dim
+    assert cfg.a2v.latent_channels == cfg.vae.latent_channels == cfg.sr.latent_channels
+
+
+def test_mismatched_sub_configs_are_rejected() -> None:
+    with pytest.raises(pydantic.ValidationError, match="audio_dim"):
+        StudioConfig(audio={"dim": 64})
+    with pytest.raises(pydantic.ValidationError, match="latent_channels"):
+        StudioConfig(vae={"latent_channels": 4})
+    with pytest.raises(pydantic.ValidationError):
+        StudioConfig(unknown={})
