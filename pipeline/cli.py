@@ -87,6 +87,7 @@ def config_from_args(args: argparse.Namespace):
     steps = getattr(args, "steps", None)
     if getattr(args, "preview", False):
         sampler["steps"] = 2 if steps is None else steps
+        sampler["i_steps"] = 1
         output["preset"] = "ultrafast"
     elif steps is not None:
         sampler["steps"] = steps

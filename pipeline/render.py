@@ -17,6 +17,7 @@ from pipeline.core.config import TalkloopConfig
 from pipeline.core.errors import InputError
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from pipeline.outputs.background import BackgroundSink
 from pipeline.outputs.mp4 import Mp4Sink
 from pipeline.reference import load_reference
 
@@ -121,7 +122,9 @@ def render_file(
         pipeline = Pipeline.from_config(config)
     total = frames_for_samples(samples.shape[0], v.fps, config.audio.sample_rate)
     mp4 = Mp4Sink(out, crf=config.output.crf, preset=config.output.preset)
-    session = pipeline.open_session(image, prompt, [mp4, ProgressSink(total, progress)])
+    # Encoding runs on its own thread, overlapping the next chunk's generation.
+    sinks = [BackgroundSink(mp4), ProgressSink(total, progress)]
+    session = pipeline.open_session(image, prompt, sinks)
     t0 = time.perf_counter()
     interrupted = False
     try:

@@ -23,6 +23,7 @@ from pipeline.core.config import TalkloopConfig
 from pipeline.core.pipeline import Pipeline, default_phases
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from pipeline.core.stage import Stage, StageContext
+from pipeline.outputs.background import BackgroundSink
 from pipeline.outputs.mp4 import Mp4Sink
 
 PAGE = resource.getpagesize()
@@ -153,7 +154,10 @@ def run(spec: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.mp4"
         probe = MemoryProbe()
-        sink = HoardingSink(out) if mode == "naive" else Mp4Sink(out, preset=config.output.preset)
+        if mode == "naive":
+            sink = HoardingSink(out)
+        else:
+            sink = BackgroundSink(Mp4Sink(out, crf=config.output.crf, preset=config.output.preset))
         session = pipeline.open_session(reference, "", [probe, sink])
         t0 = time.perf_counter()
         session.render(looped_speech(rate, seconds))

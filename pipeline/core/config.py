@@ -45,7 +45,7 @@ class AudioConfig(_Strict):
 class ScheduleConfig(_Strict):
     """Chunk sizes of the N/I timeline, in frames (DESIGN.md section 5)."""
 
-    first_len: int = Field(4, ge=1, le=256, description="length of N0 (short: first frame fast)")
+    first_len: int = Field(2, ge=1, le=256, description="length of N0 (short: first frame fast)")
     n_len: int = Field(24, ge=2, le=256, description="length of every later N chunk")
     i_len: int = Field(
         3, ge=0, le=64, description="frames at the start of N(k+1) an I chunk redoes"
@@ -69,6 +69,9 @@ class ScheduleConfig(_Strict):
 
 class SamplerConfig(_Strict):
     steps: int = Field(4, ge=1, le=100, description="Euler steps of the A2V flow sampler")
+    i_steps: int = Field(
+        2, ge=1, le=100, description="Euler steps for I chunks (two anchors constrain them)"
+    )
     shift: float = Field(3.0, gt=0, le=20, description="timestep shift (SD3-style); 1 = none")
     audio_guidance: float = Field(1.0, ge=0, le=10, description="CFG scale on audio; 1 = off")
 

@@ -167,11 +167,24 @@ class Pipeline:
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def run_phase(self, name: str, work: dict[str, Any], state: SessionState) -> dict[str, Any]:
-        """Run the stages of phase ``name`` over ``work`` (its input fields) and the state."""
+    def run_phase(
+        self,
+        name: str,
+        work: dict[str, Any],
+        state: SessionState,
+        timings: dict[str, float] | None = None,
+    ) -> dict[str, Any]:
+        """Run the stages of phase ``name`` over ``work`` (its input fields) and the state.
+
+        ``timings``, if given, accumulates seconds per "phase/stage" key (a fixed set of keys).
+        """
         with torch.inference_mode(), self.autocast():
             for stage in self.phases[name].stages:
+                t0 = time.perf_counter()
                 stage.run(StageContext(stage, work, state, self.modules, SESSION_FIELDS))
+                if timings is not None:
+                    key = f"{name}/{stage.name}"
+                    timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
         return work
 
 
@@ -184,7 +197,7 @@ class SessionStats:
     generate_seconds: float = 0.0
     first_frame_at: float | None = None  # perf_counter() when the first frame was published
     first_audio_at: float | None = None  # perf_counter() when the first audio sample arrived
-    extra: dict[str, float] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # per stage name, plus "sinks"
 
     @property
     def ttff_ms(self) -> float | None:
@@ -333,9 +346,12 @@ class Session:
         t0 = time.perf_counter()
         if prompt is not None and prompt != state.prompt:
             state.prompt = prompt
-            p.run_phase("prompt", {"prompt": prompt}, state)
+            p.run_phase("prompt", {"prompt": prompt}, state, self.stats.stage_seconds)
         work = p.run_phase(
-            "n_chunk", {"job": n, "seed": self.seed, "audio_windows": windows}, state
+            "n_chunk",
+            {"job": n, "seed": self.seed, "audio_windows": windows},
+            state,
+            self.stats.stage_seconds,
         )
         latents, chunk_audio = work.pop("latents"), work.pop("chunk_audio")
         del work, windows
@@ -351,6 +367,7 @@ class Session:
                     "next_audio": chunk_audio,
                 },
                 state,
+                self.stats.stage_seconds,
             )
             display = torch.cat([i_work.pop("latents"), latents[i_job.length :]])
             del i_work
@@ -361,7 +378,9 @@ class Session:
         state.context_latents = latents[-ctx_len:].clone()
         state.context_audio = chunk_audio[-ctx_len:].clone()
         del latents, chunk_audio
-        frames = p.run_phase("publish", {"segment_latents": display}, state).pop("frames")
+        frames = p.run_phase(
+            "publish", {"segment_latents": display}, state, self.stats.stage_seconds
+        ).pop("frames")
         del display
         self.stats.generate_seconds += time.perf_counter() - t0
         self._publish(n.start, frames, total_samples)
@@ -402,8 +421,11 @@ class Session:
         with self._cond:
             audio = self.state.audio.window(a, b)
         video_chunk, audio_chunk = VideoChunk(frames, first), AudioChunk(audio, a)
+        t0 = time.perf_counter()
         for sink in self.sinks:
             sink.write(video_chunk, audio_chunk)
+        sinks = self.stats.stage_seconds
+        sinks["sinks"] = sinks.get("sinks", 0.0) + time.perf_counter() - t0
         if self.stats.first_frame_at is None:
             self.stats.first_frame_at = time.perf_counter()
         self.stats.frames += frames.shape[0]

@@ -12,6 +12,7 @@ class A2VStage(Stage):
 
     name = "a2v"
     reads = (
+        "job",
         "given",
         "given_mask",
         "positions",
@@ -37,7 +38,7 @@ class A2VStage(Stage):
             audio=ctx.read("cond_audio"),
             text=ctx.read("text_embedding"),
             noise=ctx.read("noise"),
-            steps=self.sampler.steps,
+            steps=self.sampler.i_steps if ctx.read("job").kind == "I" else self.sampler.steps,
             shift=self.sampler.shift,
             audio_guidance=self.sampler.audio_guidance,
         )  # (1, F, C, h, w)

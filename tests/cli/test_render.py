@@ -12,11 +12,12 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
-from conftest import make_reference
 from PIL import Image
 
 from pipeline.audio.io import write_wav
 from pipeline.cli import main
+
+from conftest import make_reference
 
 TINY = ["--untrained", "--preset", "tiny", "--size", "64", "--steps", "2", "--quiet"]
 

@@ -7,12 +7,13 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import CollectSink, make_reference, tiny_config
 
 from pipeline.core.clock import frame_start_sample, frames_for_samples
 from pipeline.core.errors import InputError, PipelineError, SessionClosedError
 from pipeline.core.pipeline import Phase, Pipeline, default_phases
 from pipeline.core.stage import Stage, StageContext
+
+from conftest import CollectSink, make_reference, tiny_config
 
 pytestmark = pytest.mark.unit
 

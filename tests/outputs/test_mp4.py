@@ -8,12 +8,13 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
-from mp4_probe import make_audio, make_frame, probe, render
 
 from pipeline.core.errors import ConfigError, InputError
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from pipeline.outputs.mp4 import Mp4Sink
 from pipeline.outputs.sink import Sink
+
+from mp4_probe import make_audio, make_frame, probe, render
 
 pytestmark = pytest.mark.unit
 

@@ -9,10 +9,11 @@ import textwrap
 
 import numpy as np
 import pytest
-from mp4_probe import make_audio, make_frame, probe
 
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from pipeline.outputs.mp4 import Mp4Sink
+
+from mp4_probe import make_audio, make_frame, probe
 
 pytestmark = pytest.mark.e2e
 
