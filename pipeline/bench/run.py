@@ -114,8 +114,13 @@ def print_table(result: dict) -> None:
     for r in result["runs"]:
         print(
             f"{r['mode']:6s} {r['seconds']:8g} {r['frames']:7d} {r['rtf']:6.3f} {r['fps']:7.1f} "
-            f"{r['peak_rss_mb']:12.0f} {r['mem_slope_mb_per_min']:21.2f}"
+            f"{r['peak_rss_mb']:12.0f} {_fmt(r['mem_slope_mb_per_min']):>21s}"
         )
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    """A figure, or n/a where it was not measured (a run too short for a slope)."""
+    return "n/a" if value is None else f"{value:.2f}{unit}"
 
 
 def plot_memory(runs: list[dict], path: Path) -> None:
@@ -134,7 +139,7 @@ def plot_memory(runs: list[dict], path: Path) -> None:
             m,
             color=colors.get(r["mode"], "k"),
             alpha=0.85,
-            label=f"{r['mode']} {r['seconds']:g} s (slope {r['mem_slope_mb_per_min']:.1f} MB/min)",
+            label=f"{r['mode']} {r['seconds']:g} s (slope {_fmt(r['mem_slope_mb_per_min'], ' MB/min')})",
         )
     ax.set_xlabel("generated video (minutes)")
     ax.set_ylabel("resident memory (MB)")

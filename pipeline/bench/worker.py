@@ -172,7 +172,7 @@ def run(spec: dict) -> dict:
         "rtf": wall / media,
         "fps": frames / wall,
         "peak_rss_mb": peak_rss_mb(),
-        "mem_slope_mb_per_min": slope_per_min(probe.samples),
+        "mem_slope_mb_per_min": finite_or_none(slope_per_min(probe.samples)),
         "samples": probe.samples,
     }
 
@@ -199,14 +199,27 @@ def measure_ttff(pipeline: Pipeline, reference: np.ndarray) -> float:
     return ttff
 
 
+MIN_SLOPE_SECONDS = 60.0  # shorter runs are all warm-up: allocator pools, caches, first chunks
+
+
 def slope_per_min(samples: list[tuple[float, float]]) -> float:
-    """Least-squares slope of RSS (MB) against generated minutes, after the first 20% (warm-up)."""
-    pts = [s for s in samples if s[0] >= 0.2 * samples[-1][0]] if samples else []
+    """Least-squares slope of RSS (MB) against generated minutes, after the first 20% (warm-up).
+
+    NaN for runs shorter than a minute of video: their "slope" would only measure warm-up.
+    """
+    if not samples or samples[-1][0] < MIN_SLOPE_SECONDS:
+        return float("nan")
+    pts = [s for s in samples if s[0] >= 0.2 * samples[-1][0]]
     if len(pts) < 3:
         return float("nan")
     t = np.array([p[0] for p in pts]) / 60.0
     m = np.array([p[1] for p in pts])
     return float(np.polyfit(t, m, 1)[0])
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON has no NaN: a figure that was not measured is null."""
+    return value if np.isfinite(value) else None
 
 
 def main(argv: list[str]) -> int:
