@@ -1,0 +1,1 @@
+"""Realtime avatar calls: WebRTC peer (aiortc), signaling server (websockets), live sessions."""

@@ -1,0 +1,90 @@
+"""Entry point of `talkloop serve`: load the model once, then serve calls until Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.config import TalkloopConfig
+from pipeline.core.errors import InputError
+from pipeline.core.pipeline import Pipeline
+from pipeline.models.registry import default_reference, installed_weights
+from pipeline.reference import load_reference
+from rtc.live import LiveConfig
+from rtc.server import AvatarServer
+
+# Live calls trade throughput for latency: short N chunks (a chunk's audio must be heard before
+# it is generated), the same I-chunk smoothing. Measured by `talkloop bench`.
+LIVE_SCHEDULE = {"first_len": 2, "n_len": 6, "i_len": 2, "ctx_len": 2}
+
+NO_WEIGHTS_NOTICE = (
+    "No trained weights are installed: the avatar runs on random weights, so the video shows "
+    "noise-like texture instead of a face. Lip sync, pacing and the call itself are real."
+)
+
+
+def live_config_dict(base: dict) -> dict:
+    """Apply the live schedule unless the caller set one."""
+    return {**base, "schedule": {**LIVE_SCHEDULE, **base.get("schedule", {})}}
+
+
+def load_avatar(path: str | Path | None, config: TalkloopConfig) -> np.ndarray:
+    ref = default_reference() if path is None else path
+    return load_reference(ref, config.video.width, config.video.height)
+
+
+async def serve_forever(
+    config: TalkloopConfig,
+    reference: np.ndarray,
+    prompt: str,
+    host: str,
+    port: int,
+    max_sessions: int,
+    live: LiveConfig,
+    notice: str,
+) -> None:
+    pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+    # Load the text encoder now (seconds), not when the first prompt arrives mid-call.
+    text = pipeline.modules.get("text_encoder")
+    if text is not None and hasattr(text.net, "load"):
+        await asyncio.to_thread(text.net.load)
+    server = AvatarServer(pipeline, reference, prompt, live, max_sessions, notice)
+    bound = await server.start(host, port)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    print(
+        f"talkloop: serving on http://{shown}:{bound}/  (open it in Chromium or Firefox; Ctrl-C stops)",
+        flush=True,
+    )
+    if notice:
+        print(f"talkloop: note: {notice}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+        print("talkloop: stopped", flush=True)
+
+
+def resolve_weights(untrained: bool, weights: Path | None) -> tuple[bool, str]:
+    """The server always starts: without trained weights it runs untrained and says so."""
+    if untrained or weights is not None or installed_weights() is not None:
+        return untrained, NO_WEIGHTS_NOTICE if untrained else ""
+    logging.getLogger("talkloop").warning("no trained weights installed: running untrained")
+    return True, NO_WEIGHTS_NOTICE
+
+
+__all__ = [
+    "InputError",
+    "LIVE_SCHEDULE",
+    "live_config_dict",
+    "load_avatar",
+    "resolve_weights",
+    "serve_forever",
+]

@@ -1,0 +1,87 @@
+"""The server's side of one WebRTC call (aiortc): tracks out, microphone in, H.264 preferred."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.contrib.media import MediaBlackhole
+from aiortc.rtcrtpsender import RTCRtpSender
+from aiortc.sdp import candidate_from_sdp
+
+from rtc.live import LiveSession
+from rtc.protocol import ProtocolError
+
+log = logging.getLogger("talkloop.peer")
+
+
+def preferred_video_codecs() -> list:
+    """H.264 first, VP8 as fallback (with their RTX entries, so retransmission stays on)."""
+    codecs = RTCRtpSender.getCapabilities("video").codecs
+    order = {"video/H264": 0, "video/VP8": 1, "video/rtx": 2}
+    return sorted((c for c in codecs if c.mimeType in order), key=lambda c: order[c.mimeType])
+
+
+class Peer:
+    """One RTCPeerConnection bound to a LiveSession."""
+
+    def __init__(self, live: LiveSession, on_closed: Callable[[], Awaitable[None]]) -> None:
+        self.live = live
+        self.pc = RTCPeerConnection()
+        self._on_closed = on_closed
+        self._blackholes: list[MediaBlackhole] = []
+        self._tasks: list[asyncio.Future] = []
+
+        @self.pc.on("track")
+        def on_track(track) -> None:
+            if track.kind == "audio":
+                live.attach_microphone(track)
+            else:  # we never use the client's video; drain it so aiortc's queue stays empty
+                hole = MediaBlackhole()
+                hole.addTrack(track)
+                self._blackholes.append(hole)
+                self._tasks.append(asyncio.ensure_future(hole.start()))
+
+        @self.pc.on("connectionstatechange")
+        async def on_state() -> None:
+            log.info("session %s: connection %s", live.token[:6], self.pc.connectionState)
+            if self.pc.connectionState in ("failed", "closed"):
+                await self._on_closed()
+
+    async def answer(self, sdp: str) -> str:
+        """Apply the browser's offer and return our answer (all our candidates included)."""
+        self.pc.addTrack(self.live.audio_track)
+        video = self.pc.addTrack(self.live.video_track)
+        # Codec preferences only count if set before setRemoteDescription (aiortc).
+        for t in self.pc.getTransceivers():
+            if t.sender is video:
+                t.setCodecPreferences(preferred_video_codecs())
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        except Exception as err:  # aiortc raises ValueError and others on malformed SDP
+            raise ProtocolError("bad_sdp", f"invalid SDP offer: {err}") from None
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return self.pc.localDescription.sdp
+
+    async def add_candidate(self, candidate: str | None, sdp_mid: object, index: object) -> None:
+        if not candidate:
+            await self.pc.addIceCandidate(None)  # end of candidates
+            return
+        try:
+            c = candidate_from_sdp(
+                candidate.split(":", 1)[1] if candidate.startswith("candidate:") else candidate
+            )
+        except Exception as err:
+            raise ProtocolError(
+                "bad_candidate", f"invalid ICE candidate {candidate[:80]!r}: {err}"
+            ) from None
+        c.sdpMid = sdp_mid if isinstance(sdp_mid, str) else None
+        c.sdpMLineIndex = index if isinstance(index, int) else None
+        await self.pc.addIceCandidate(c)
+
+    async def close(self) -> None:
+        for hole in self._blackholes:
+            await hole.stop()
+        await self.pc.close()

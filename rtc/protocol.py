@@ -1,0 +1,81 @@
+"""The websocket protocol between the page (or any client) and the server: parsing and checks.
+
+Client -> server (JSON text messages):
+
+| type        | fields                                   | effect                                   |
+|-------------|------------------------------------------|------------------------------------------|
+| `offer`     | `sdp` (str)                              | start the call; answered with `answer`   |
+| `candidate` | `candidate` (str or null), `sdpMid`, `sdpMLineIndex` | a trickled ICE candidate     |
+| `say`       | `text` (str)                             | speak the text (espeak-ng) and lip-sync  |
+| `prompt`    | `text` (str)                             | new style prompt, from the next chunk    |
+| `interrupt` | -                                        | drop unplayed speech; back to idle       |
+| `bye`       | -                                        | end the session                          |
+
+Server -> client: `session` (token, notice), `answer` (sdp), `stats` (once a second), `error`
+(`code`, `message`), `speech` (`state`: started / finished / interrupted).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipeline.core.errors import InputError
+
+MAX_TEXT = 2000
+CLIENT_TYPES = ("offer", "candidate", "say", "prompt", "interrupt", "bye")
+
+
+class ProtocolError(InputError):
+    """A message the server cannot act on; answered with an error, the session goes on."""
+
+    session_fatal = False
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_message(raw: str | bytes) -> dict[str, Any]:
+    """Decode and check one client message; raises ProtocolError naming what is wrong."""
+    if isinstance(raw, bytes):
+        raise ProtocolError("bad_message", "binary messages are not accepted here; send JSON text")
+    try:
+        msg = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ProtocolError(
+            "bad_json", f"message is not valid JSON: {err.msg} at position {err.pos}"
+        ) from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError("bad_message", 'a message must be a JSON object with a string "type"')
+    kind = msg["type"]
+    if kind not in CLIENT_TYPES:
+        raise ProtocolError(
+            "unknown_type",
+            f"unknown message type {kind!r} (expected one of: {', '.join(CLIENT_TYPES)})",
+        )
+    if kind == "offer":
+        _require_str(msg, "sdp", 200_000)
+    elif kind in ("say", "prompt"):
+        _require_str(msg, "text", MAX_TEXT, allow_empty=kind == "prompt")
+    elif kind == "candidate":
+        cand = msg.get("candidate")
+        if cand is not None and not isinstance(cand, str):
+            raise ProtocolError("bad_message", "candidate.candidate must be a string or null")
+    return msg
+
+
+def _require_str(msg: dict[str, Any], field: str, limit: int, allow_empty: bool = False) -> None:
+    value = msg.get(field)
+    if not isinstance(value, str):
+        raise ProtocolError("bad_message", f"{msg['type']}: field {field!r} must be a string")
+    if not allow_empty and not value.strip():
+        raise ProtocolError("bad_message", f"{msg['type']}: field {field!r} is empty")
+    if len(value) > limit:
+        raise ProtocolError(
+            "too_long", f"{msg['type']}: field {field!r} is longer than {limit} characters"
+        )
+
+
+def error(code: str, message: str) -> str:
+    return json.dumps({"type": "error", "code": code, "message": message})

@@ -1,0 +1,277 @@
+"""`talkloop serve`: one port for the page (HTTP) and for signaling and control (websocket).
+
+Each websocket connection to ``/ws`` opens one avatar session (up to ``max_sessions``) and gets a
+token. A bad message is answered with an error and the session goes on; a broken session ends
+alone; the server keeps serving everyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import mimetypes
+import secrets
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+from websockets.asyncio.server import Server as WsServer
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from pipeline.audio.tts import synthesize
+from pipeline.core.errors import TalkloopError
+from pipeline.core.pipeline import Pipeline
+from rtc.live import LiveConfig, LiveSession
+from rtc.peer import Peer
+from rtc.protocol import ProtocolError, error, parse_message
+
+log = logging.getLogger("talkloop.server")
+
+WEB_DIR = Path(__file__).resolve().parents[1] / "web"
+MAX_MESSAGE_BYTES = 256 * 1024
+STATS_INTERVAL_S = 1.0
+
+
+@dataclass
+class Entry:
+    """A session and what is attached to it."""
+
+    live: LiveSession
+    ws: ServerConnection
+    peer: Peer | None = None
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    closed: bool = False
+
+
+class AvatarServer:
+    """Serves ``web/`` and the session websocket.
+
+    Args:
+        pipeline: loaded pipeline (modules are shared by all sessions).
+        reference: (H, W, 3) uint8 avatar image.
+        prompt: the initial style prompt of each session.
+        live: live-call settings.
+        max_sessions: concurrent sessions at most; more get a "busy" error.
+        notice: a line shown on the page (e.g. that no trained weights are installed).
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        reference: np.ndarray,
+        prompt: str = "",
+        live: LiveConfig | None = None,
+        max_sessions: int = 1,
+        notice: str = "",
+        web_dir: Path = WEB_DIR,
+    ) -> None:
+        self.pipeline = pipeline
+        self.reference = reference
+        self.prompt = prompt
+        self.live = live or LiveConfig()
+        self.max_sessions = max_sessions
+        self.notice = notice
+        self.web_dir = web_dir
+        self.sessions: dict[str, Entry] = {}
+        self._pending = 0  # sessions being created (counted against the cap)
+        self._ws: WsServer | None = None
+
+    # -- HTTP ----------------------------------------------------------------------------------
+
+    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        if path == "/ws":
+            return None  # continue with the websocket handshake
+        if path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        name = "index.html" if path in ("/", "") else path.lstrip("/")
+        target = (self.web_dir / name).resolve()
+        if self.web_dir.resolve() not in target.parents or not target.is_file():
+            return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
+        ctype = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        if ctype.startswith("text/") or ctype == "application/javascript":
+            ctype += "; charset=utf-8"
+        body = target.read_bytes()
+        headers = Headers(
+            {"Content-Type": ctype, "Content-Length": str(len(body)), "Cache-Control": "no-cache"}
+        )
+        return Response(HTTPStatus.OK, "OK", headers, body)
+
+    # -- websocket -----------------------------------------------------------------------------
+
+    async def handler(self, ws: ServerConnection) -> None:
+        query = parse_qs(urlsplit(ws.request.path).query)
+        if "token" in query:
+            token = query["token"][0]
+            if token not in self.sessions:
+                await ws.send(
+                    error(
+                        "bad_token", "unknown session token: it may have ended; open a new session"
+                    )
+                )
+                await ws.close(4401, "unknown session token")
+                return
+            await ws.send(error("not_supported", "joining a running session is not supported yet"))
+            await ws.close(4400, "not supported")
+            return
+        if len(self.sessions) + self._pending >= self.max_sessions:
+            await ws.send(
+                error(
+                    "busy",
+                    f"the server is at its limit of {self.max_sessions} session(s); try again later",
+                )
+            )
+            await ws.close(1013, "busy")
+            return
+        self._pending += 1
+        try:
+            token = secrets.token_urlsafe(16)
+            live = await asyncio.to_thread(
+                LiveSession, self.pipeline, self.reference, self.prompt, self.live, token
+            )
+        except Exception as err:
+            log.exception("could not open a session")
+            await ws.send(error("internal", f"could not open a session: {err}"))
+            await ws.close(1011, "session failed")
+            return
+        finally:
+            self._pending -= 1
+        entry = Entry(live, ws)
+        self.sessions[token] = entry
+        live.driver.on_speech = lambda state: self._send_soon(
+            entry, {"type": "speech", "state": state}
+        )
+        log.info("session %s opened (%d active)", token[:6], len(self.sessions))
+        try:
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "session",
+                        "token": token,
+                        "notice": self.notice,
+                        "video": {
+                            "width": self.pipeline.info.width,
+                            "height": self.pipeline.info.height,
+                            "fps": self.pipeline.info.fps,
+                        },
+                        "prompt": self.prompt,
+                    }
+                )
+            )
+            entry.tasks.append(asyncio.get_running_loop().create_task(self._stats(entry)))
+            async for raw in ws:
+                try:
+                    await self._on_message(entry, raw)
+                except ProtocolError as err:
+                    await ws.send(error(err.code, str(err)))
+                except TalkloopError as err:
+                    await ws.send(error("bad_request", str(err)))
+                if entry.closed:
+                    break
+        except ConnectionClosed:
+            pass
+        finally:
+            await self._close(entry)
+
+    async def _on_message(self, entry: Entry, raw: str | bytes) -> None:
+        msg = parse_message(raw)
+        kind = msg["type"]
+        live = entry.live
+        if kind == "offer":
+            if entry.peer is not None:
+                raise ProtocolError(
+                    "bad_state", "this session already has a call; open a new session"
+                )
+            peer = Peer(live, lambda: self._close(entry))
+            entry.peer = peer
+            try:
+                sdp = await peer.answer(msg["sdp"])
+            except ProtocolError:
+                entry.peer = None
+                await peer.close()
+                raise
+            await entry.ws.send(json.dumps({"type": "answer", "sdp": sdp}))
+            live.start()
+        elif kind == "candidate":
+            if entry.peer is None:
+                raise ProtocolError("bad_state", "send the offer before ICE candidates")
+            await entry.peer.add_candidate(
+                msg.get("candidate"), msg.get("sdpMid"), msg.get("sdpMLineIndex")
+            )
+        elif kind == "say":
+            samples = await asyncio.to_thread(
+                synthesize, msg["text"], self.pipeline.info.sample_rate
+            )
+            if not live.say(samples):
+                raise ProtocolError("busy", "too much speech is queued; wait or interrupt")
+        elif kind == "prompt":
+            live.set_prompt(msg["text"])
+        elif kind == "interrupt":
+            live.interrupt()
+        elif kind == "bye":
+            entry.closed = True
+
+    def _send_soon(self, entry: Entry, msg: dict[str, Any]) -> None:
+        if not entry.closed:
+            entry.tasks.append(asyncio.get_running_loop().create_task(self._send(entry, msg)))
+
+    async def _send(self, entry: Entry, msg: dict[str, Any]) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await entry.ws.send(json.dumps(msg))
+
+    async def _stats(self, entry: Entry) -> None:
+        last_sent, last_t = 0, time.monotonic()
+        while not entry.closed:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            stats = entry.live.stats()
+            now = time.monotonic()
+            stats["fps"] = round((stats["frames_sent"] - last_sent) / (now - last_t), 1)
+            last_sent, last_t = stats["frames_sent"], now
+            await self._send(entry, {"type": "stats", **stats})
+
+    async def _close(self, entry: Entry) -> None:
+        if self.sessions.get(entry.live.token) is not entry:
+            return
+        entry.closed = True
+        del self.sessions[entry.live.token]
+        for task in entry.tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        if entry.peer is not None:
+            with contextlib.suppress(Exception):
+                await entry.peer.close()
+        await entry.live.close()
+        with contextlib.suppress(Exception):
+            await entry.ws.close()
+        log.info("session %s closed (%d active)", entry.live.token[:6], len(self.sessions))
+
+    # -- running -------------------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> int:
+        """Start listening; returns the port (useful with port 0)."""
+        self._ws = await serve(
+            self.handler,
+            host,
+            port,
+            process_request=self.process_request,
+            max_size=MAX_MESSAGE_BYTES,
+            ping_interval=20,
+            ping_timeout=20,
+        )
+        return self._ws.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        for entry in list(self.sessions.values()):
+            await self._close(entry)
+        if self._ws is not None:
+            self._ws.close()
+            await self._ws.wait_closed()

@@ -1,0 +1,149 @@
+// talkloop web client: one websocket for signaling and control, one RTCPeerConnection for media.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  status: $("status"), notice: $("notice"), video: $("avatar"), placeholder: $("placeholder"),
+  overlay: $("overlay"), call: $("call"), mic: $("mic"), interrupt: $("interrupt"),
+  say: $("say"), sayBtn: $("say-btn"), prompt: $("prompt"), promptBtn: $("prompt-btn"), log: $("log"),
+};
+
+const call = { ws: null, pc: null, mic: null, token: null, open: false };
+// Exposed for automated tests (Playwright reads getStats through it).
+window.talkloop = { call, stats: () => (call.pc ? call.pc.getStats() : null) };
+
+function setStatus(text, kind = "") { ui.status.textContent = text; ui.status.className = "status " + kind; }
+function log(text, isError = false) {
+  const line = document.createElement("div");
+  line.textContent = new Date().toLocaleTimeString() + "  " + text;
+  if (isError) line.className = "err";
+  ui.log.prepend(line);
+  while (ui.log.childElementCount > 50) ui.log.lastChild.remove();
+}
+function send(msg) { if (call.ws && call.ws.readyState === WebSocket.OPEN) call.ws.send(JSON.stringify(msg)); }
+function setInCall(inCall) {
+  call.open = inCall;
+  ui.call.textContent = inCall ? "End call" : "Start call";
+  ui.call.classList.toggle("end", inCall);
+  for (const el of [ui.interrupt, ui.sayBtn, ui.promptBtn]) el.disabled = !inCall;
+  ui.mic.disabled = !inCall || !call.mic;
+  ui.overlay.hidden = !inCall;
+}
+
+async function startCall() {
+  setStatus("Connecting…");
+  ui.call.disabled = true;
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const ws = new WebSocket(`${scheme}://${location.host}/ws`);
+  call.ws = ws;
+  ws.onmessage = (ev) => onMessage(JSON.parse(ev.data)).catch((e) => log(String(e), true));
+  ws.onclose = (ev) => {
+    if (call.ws === ws) endCall(ev.reason ? `Disconnected: ${ev.reason}` : "Call ended");
+  };
+  ws.onerror = () => log("connection error", true);
+}
+
+async function onMessage(msg) {
+  switch (msg.type) {
+    case "session": return beginMedia(msg);
+    case "answer": return call.pc.setRemoteDescription({ type: "answer", sdp: msg.sdp });
+    case "stats": return showStats(msg);
+    case "speech": return log(`avatar speech ${msg.state}`);
+    case "error":
+      log(`${msg.code}: ${msg.message}`, true);
+      if (msg.code === "busy" || msg.code === "bad_token") setStatus("Server busy", "error");
+      return;
+    default: log(`unknown message ${msg.type}`);
+  }
+}
+
+async function beginMedia(session) {
+  call.token = session.token;
+  if (session.notice) { ui.notice.textContent = session.notice; ui.notice.hidden = false; }
+  if (session.prompt) ui.prompt.value = session.prompt;
+  const pc = new RTCPeerConnection();
+  call.pc = pc;
+  try {
+    call.mic = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
+    });
+    for (const track of call.mic.getAudioTracks()) pc.addTrack(track, call.mic);
+  } catch (err) {
+    call.mic = null;
+    log("microphone unavailable: the avatar will still speak what you type", true);
+    pc.addTransceiver("audio", { direction: "recvonly" });
+  }
+  pc.addTransceiver("video", { direction: "recvonly" });
+  const remote = new MediaStream();
+  ui.video.srcObject = remote;
+  pc.ontrack = (ev) => { remote.addTrack(ev.track); ui.placeholder.hidden = true; };
+  pc.onicecandidate = (ev) => send({
+    type: "candidate",
+    candidate: ev.candidate ? ev.candidate.candidate : null,
+    sdpMid: ev.candidate ? ev.candidate.sdpMid : null,
+    sdpMLineIndex: ev.candidate ? ev.candidate.sdpMLineIndex : null,
+  });
+  pc.onconnectionstatechange = () => {
+    if (pc.connectionState === "connected") setStatus("Live", "live");
+    if (pc.connectionState === "failed") endCall("Connection failed");
+  };
+  await pc.setLocalDescription(await pc.createOffer());
+  send({ type: "offer", sdp: pc.localDescription.sdp });
+  setInCall(true);
+  ui.call.disabled = false;
+  setStatus("Starting…");
+}
+
+let lastDecoded = null;
+async function showStats(s) {
+  $("s-fps").textContent = s.fps ?? "–";
+  $("s-rtf").textContent = s.rtf ?? "–";
+  $("s-dropped").textContent = (s.dropped_frames ?? 0) + (s.late_frames ?? 0);
+  let delay = s.playout_delay_ms;
+  if (call.pc) {
+    const report = await call.pc.getStats();
+    report.forEach((r) => {
+      if (r.type === "inbound-rtp" && r.kind === "video" && r.jitterBufferEmittedCount) {
+        delay += Math.round((1000 * r.jitterBufferDelay) / r.jitterBufferEmittedCount);
+        lastDecoded = r.framesDecoded;
+      }
+    });
+  }
+  $("s-latency").textContent = delay ?? "–";
+}
+
+function endCall(reason = "Call ended") {
+  const { ws, pc, mic } = call;
+  call.ws = call.pc = call.mic = null;
+  if (ws && ws.readyState === WebSocket.OPEN) { ws.send(JSON.stringify({ type: "bye" })); ws.close(); }
+  if (pc) pc.close();
+  if (mic) mic.getTracks().forEach((t) => t.stop());
+  ui.video.srcObject = null;
+  ui.placeholder.hidden = false;
+  setInCall(false);
+  ui.call.disabled = false;
+  setStatus(reason);
+}
+
+ui.call.onclick = () => (call.open ? endCall() : startCall());
+ui.mic.onclick = () => {
+  if (!call.mic) return;
+  const track = call.mic.getAudioTracks()[0];
+  track.enabled = !track.enabled;
+  ui.mic.textContent = track.enabled ? "Mic on" : "Mic off";
+  ui.mic.classList.toggle("off", !track.enabled);
+};
+ui.interrupt.onclick = () => send({ type: "interrupt" });
+$("say-form").onsubmit = (ev) => {
+  ev.preventDefault();
+  const text = ui.say.value.trim();
+  if (!text) return;
+  send({ type: "say", text });
+  log(`say: ${text.slice(0, 60)}`);
+  ui.say.value = "";
+};
+$("prompt-form").onsubmit = (ev) => {
+  ev.preventDefault();
+  send({ type: "prompt", text: ui.prompt.value });
+  log(`prompt: ${ui.prompt.value || "(none)"}`);
+};
