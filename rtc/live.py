@@ -27,7 +27,7 @@ from pipeline.core.pipeline import Pipeline, Session
 from pipeline.outputs.queue import FrameQueueSink
 from rtc.clock import MediaClock
 from rtc.driver import AudioDriver
-from rtc.tracks import AvatarAudioTrack, AvatarVideoTrack, stamp_bits
+from rtc.tracks import AvatarAudioTrack, AvatarVideoTrack, av_offset_ms, stamp_bits
 
 log = logging.getLogger("talkloop.live")
 
@@ -136,6 +136,7 @@ class LiveSession:
             "frames_generated": s.frames,
             "rtf": round(s.generate_seconds / media, 3) if s.frames else None,
             "playout_delay_ms": self.live.playout_delay_ms,
+            "av_offset_ms": av_offset_ms(v.lateness, self.audio_track.lateness),
             "queue_depth": self.frames.depth,
             "speech_pending_s": round(self.driver.tts_pending_s, 2),
             "mic_dropped_ms": round(

@@ -33,6 +33,7 @@ class Peer:
         self._on_closed = on_closed
         self._blackholes: list[MediaBlackhole] = []
         self._tasks: list[asyncio.Future] = []
+        self._closing = False
 
         @self.pc.on("track")
         def on_track(track) -> None:
@@ -47,7 +48,8 @@ class Peer:
         @self.pc.on("connectionstatechange")
         async def on_state() -> None:
             log.info("session %s: connection %s", live.token[:6], self.pc.connectionState)
-            if self.pc.connectionState in ("failed", "closed"):
+            # Our own close() (after a bad offer, or at teardown) must not end the session.
+            if self.pc.connectionState in ("failed", "closed") and not self._closing:
                 await self._on_closed()
 
     async def answer(self, sdp: str) -> str:
@@ -60,9 +62,17 @@ class Peer:
                 t.setCodecPreferences(preferred_video_codecs())
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
-        except Exception as err:  # aiortc raises ValueError and others on malformed SDP
-            raise ProtocolError("bad_sdp", f"invalid SDP offer: {err}") from None
-        await self.pc.setLocalDescription(await self.pc.createAnswer())
+            # A malformed offer can pass parsing and only fail while answering (no media lines,
+            # no directions): both count as a bad offer, not as a server fault.
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except Exception as err:  # aiortc raises ValueError, KeyError, ... on malformed SDP
+            raise ProtocolError(
+                "bad_sdp", f"invalid SDP offer: {err or type(err).__name__}"
+            ) from None
+        if not any(
+            line.startswith("m=video") for line in self.pc.localDescription.sdp.splitlines()
+        ):
+            raise ProtocolError("bad_sdp", "invalid SDP offer: it has no video section to answer")
         return self.pc.localDescription.sdp
 
     async def add_candidate(self, candidate: str | None, sdp_mid: object, index: object) -> None:
@@ -82,6 +92,7 @@ class Peer:
         await self.pc.addIceCandidate(c)
 
     async def close(self) -> None:
+        self._closing = True
         for hole in self._blackholes:
             await hole.stop()
         await self.pc.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -18,6 +19,30 @@ from rtc.clock import MediaClock
 from rtc.driver import PlayoutBuffer
 
 VIDEO_CLOCK = 90000  # RTP video clock rate
+
+
+class Lateness:
+    """How late (s) a track handed its recent frames to the sender, against the clock.
+
+    The sender stamps RTCP reports with the time of sending, so the receiver's lip sync sees
+    exactly these values: ``av_offset`` is the video's minus the audio's. A fixed window:
+    nothing grows with the length of a call.
+    """
+
+    def __init__(self, window: int = 250) -> None:
+        self.recent: deque[float] = deque(maxlen=window)
+
+    def add(self, seconds: float) -> None:
+        self.recent.append(seconds)
+
+    def median_ms(self) -> float | None:
+        return None if not self.recent else 1000.0 * sorted(self.recent)[len(self.recent) // 2]
+
+
+def av_offset_ms(video: Lateness, audio: Lateness) -> float | None:
+    """Video minus audio send offset at the sender (positive: video late)."""
+    v, a = video.median_ms(), audio.median_ms()
+    return None if v is None or a is None else round(v - a, 1)
 
 
 async def _wait_started(clock: MediaClock, ended: Callable[[], bool]) -> None:
@@ -42,6 +67,7 @@ class AvatarAudioTrack(MediaStreamTrack):
         super().__init__()
         self.playout, self.clock, self.block = playout, clock, block
         self.next_sample = 0
+        self.lateness = Lateness()
 
     async def recv(self) -> av.AudioFrame:
         await _wait_started(self.clock, lambda: self.readyState != "live")
@@ -49,6 +75,7 @@ class AvatarAudioTrack(MediaStreamTrack):
             raise MediaStreamError
         n = self.next_sample
         await _sleep_until(self.clock.due(n))
+        self.lateness.add(time.monotonic() - self.clock.due(n))
         pcm = float_to_pcm16(self.playout.read(n, self.block))
         frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = self.clock.sample_rate
@@ -88,7 +115,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         self.last = idle_frame
         self._pending: LiveFrame | None = None
         self.frames_sent = self.late_frames = self.dropped_frames = 0
-        self.max_early_s = 0.0  # how far ahead of its time the newest frame was ready
+        self.lateness = Lateness()
 
     def _take(self, j: int) -> LiveFrame | None:
         """The frame for index ``j`` if it is here; drops frames older than ``j``."""
@@ -116,6 +143,7 @@ class AvatarVideoTrack(MediaStreamTrack):
         j = self.next_frame
         pts = self.info.frame_pts(j)
         await _sleep_until(self.clock.due(pts))
+        self.lateness.add(time.monotonic() - self.clock.due(pts))
         live = self._take(j)
         if live is None:
             self.late_frames += 1

@@ -1,0 +1,82 @@
+"""Headless Chromium (Debian package, driven by Playwright) opens the page and makes a call."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from common import emit, start_server, tiny_live_pipeline
+from playwright.async_api import async_playwright
+
+from pipeline.assets import HELLO_WAV
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--screenshot", required=True)
+    args = ap.parse_args()
+    pipeline = tiny_live_pipeline(128)
+    server, url = await start_server(pipeline)
+    page_url = url.replace("ws://", "http://").removesuffix("/ws") + "/"
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--allow-loopback-in-peer-connection",
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={HELLO_WAV}",
+                "--autoplay-policy=no-user-gesture-required",
+            ],
+        )
+        page = await browser.new_page(viewport={"width": 1200, "height": 800})
+        console: list[str] = []
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        await page.goto(page_url)
+        title = await page.title()
+        await page.click("#call")
+        await page.wait_for_function(
+            "document.getElementById('status').textContent === 'Live'", timeout=20000
+        )
+        await page.fill("#say", "Hello from the browser test.")
+        await page.click("#say-btn")
+        await asyncio.sleep(args.seconds)
+        stats = await page.evaluate("""async () => {
+            const out = {};
+            const report = await window.talkloop.stats();
+            const codecs = {};
+            report.forEach((r) => { if (r.type === 'codec') codecs[r.id] = r.mimeType; });
+            report.forEach((r) => {
+                if (r.type === 'inbound-rtp' && r.kind === 'video') {
+                    Object.assign(out, {framesDecoded: r.framesDecoded, framesPerSecond: r.framesPerSecond,
+                        freezeCount: r.freezeCount, frameWidth: r.frameWidth, codec: codecs[r.codecId]});
+                }
+                if (r.type === 'inbound-rtp' && r.kind === 'audio') out.audioSamples = r.totalSamplesReceived;
+                if (r.type === 'outbound-rtp' && r.kind === 'audio') out.micPackets = r.packetsSent;
+            });
+            return out;
+        }""")
+        overlay_fps = await page.text_content("#s-fps")
+        notice = await page.text_content("#notice")
+        await page.screenshot(path=args.screenshot)
+        await page.click("#call")  # end the call from the page
+        await asyncio.sleep(1.0)
+        await browser.close()
+    left = len(server.sessions)
+    await server.stop()
+    emit(
+        {
+            "title": title,
+            "stats": stats,
+            "overlay_fps": overlay_fps,
+            "notice": notice,
+            "sessions_left": left,
+            "console": console[-20:],
+        }
+    )
+
+
+asyncio.run(main())

@@ -1,0 +1,56 @@
+"""One call: an aiortc client sends speech as its microphone and records what comes back."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import numpy as np
+from common import emit, start_server, tiny_live_pipeline
+
+from pipeline.assets import HELLO_WAV
+from pipeline.audio.io import load_audio
+from rtc.client import run_call
+
+
+def av_offsets_ms(r) -> list[float]:
+    """Per received video frame: (arrival - media time) of video minus that of audio.
+
+    Both tracks leave the server at t0 + pts; what arrives later than its media time says how
+    far apart they are when they reach the client.
+    """
+    if not r.audio_times or not r.video_times:
+        return []
+    a_off = np.median(
+        np.array(r.audio_times) - (np.array(r.audio_pts) - r.audio_pts[0]) / r.audio_rate
+    )
+    v = np.array(r.video_times) - (np.array(r.video_pts) - r.video_pts[0]) / 90000
+    return ((v - a_off) * 1000).tolist()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--size", type=int, default=128)
+    args = ap.parse_args()
+    pipeline = tiny_live_pipeline(args.size)
+    server, url = await start_server(pipeline)
+    speech = load_audio(HELLO_WAV, 16000)
+    mic = np.concatenate([np.zeros(8000, np.float32), speech])
+    r = await run_call(url, args.seconds, mic=mic, read_stamps=True)
+    await server.stop()
+    offsets = av_offsets_ms(r)
+    lat = sorted(r.stamps_latency_ms)
+    emit(
+        {
+            **r.summary(),
+            "av_offsets_ms": offsets,
+            "glass_to_glass_ms": lat,
+            "stats": r.stats,
+            "audio_rms": r.audio_rms,
+            "sessions_left": len(server.sessions),
+        }
+    )
+
+
+asyncio.run(main())

@@ -1,0 +1,37 @@
+"""Shared setup of the scenario scripts (run inside a network namespace by tests/rtc/netns.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/ for conftest helpers
+
+from pipeline.core.config import build_config  # noqa: E402
+from pipeline.core.pipeline import Pipeline  # noqa: E402
+from rtc.app import live_config_dict  # noqa: E402
+from rtc.live import LiveConfig  # noqa: E402
+from rtc.server import AvatarServer  # noqa: E402
+
+from conftest import make_reference, tiny_config  # noqa: E402
+
+HOST = "127.0.0.2"
+
+
+def tiny_live_pipeline(size: int = 128) -> Pipeline:
+    base = tiny_config(video={"width": size, "height": size}).model_dump(mode="json")
+    base.pop("schedule")
+    return Pipeline.from_config(build_config(**live_config_dict(base)))
+
+
+async def start_server(pipeline: Pipeline, **kw) -> tuple[AvatarServer, str]:
+    size = pipeline.info.width
+    live = kw.pop("live", LiveConfig(stamp_frames=True))
+    server = AvatarServer(pipeline, make_reference(size, size), "", live, **kw)
+    port = await server.start(HOST, 0)
+    return server, f"ws://{HOST}:{port}/ws"
+
+
+def emit(result: dict) -> None:
+    print("RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,33 @@
+"""Headless Chromium makes a call through the page; stats come from the browser's getStats()."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from netns import run_in_netns
+
+pytestmark = pytest.mark.e2e
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+
+
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+def test_browser_call_decodes_video_without_freezes() -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "browser-call.png"
+    shot.unlink(missing_ok=True)
+    r = run_in_netns("browser.py", "--seconds", "8", "--screenshot", str(shot))
+    s = r["stats"]
+    assert r["title"].startswith("talkloop")
+    assert s["codec"] == "video/H264"
+    assert s["framesDecoded"] >= 24 * 7
+    assert s["framesPerSecond"] >= 23
+    assert s["freezeCount"] == 0
+    assert s["frameWidth"] == 128
+    assert s["audioSamples"] > 0 and s["micPackets"] > 100  # fake microphone reached the server
+    assert float(r["overlay_fps"]) >= 23  # the page shows the server's stats
+    assert "random weights" in r["notice"] or r["notice"] == ""
+    assert r["sessions_left"] == 0  # ending the call in the page freed the session
+    assert shot.stat().st_size > 10_000
+    assert shutil.which("chromium") or Path("/usr/bin/chromium").exists()

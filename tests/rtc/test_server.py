@@ -1,0 +1,158 @@
+"""The signaling server: static page, protocol errors, caps, tokens, vanishing clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import websockets
+from websockets.exceptions import ConnectionClosed
+
+from pipeline.core.config import build_config
+from pipeline.core.pipeline import Pipeline
+from rtc.app import live_config_dict
+from rtc.live import LiveConfig
+from rtc.server import AvatarServer
+
+from conftest import make_reference, tiny_config
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_modules) -> Pipeline:
+    base = tiny_config().model_dump(mode="json")
+    base.pop("schedule")
+    return Pipeline(build_config(**live_config_dict(base)), tiny_modules)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def with_server(pipeline, body, max_sessions: int = 1):
+    server = AvatarServer(pipeline, make_reference(), "", LiveConfig(), max_sessions, "note")
+    port = await server.start("127.0.0.1", 0)
+    try:
+        return await body(server, f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}")
+    finally:
+        await server.stop()
+
+
+async def next_message(ws, kind: str) -> dict:
+    while True:
+        msg = json.loads(await ws.recv())
+        if msg["type"] == kind:
+            return msg
+
+
+def http_get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, "", b""
+
+
+def test_page_is_served(pipeline) -> None:
+    async def body(server, ws_url, http):
+        page = await asyncio.to_thread(http_get, http + "/")
+        js = await asyncio.to_thread(http_get, http + "/app.js")
+        missing = await asyncio.to_thread(http_get, http + "/nope.html")
+        escape = await asyncio.to_thread(http_get, http + "/..%2Fpyproject.toml")
+        return page, js, missing, escape
+
+    page, js, missing, escape = run(with_server(pipeline, body))
+    assert page[0] == 200 and page[1].startswith("text/html") and b"talkloop" in page[2]
+    assert js[0] == 200 and b"RTCPeerConnection" in js[2]
+    assert missing[0] == 404 and escape[0] == 404
+
+
+def test_session_hello_and_protocol_errors_keep_the_session(pipeline) -> None:
+    async def body(server, ws_url, http):
+        async with websockets.connect(ws_url) as ws:
+            hello = json.loads(await ws.recv())
+            errors = []
+            for raw in [
+                "{not json",
+                json.dumps({"type": "dance"}),
+                json.dumps([1, 2]),
+                json.dumps({"type": "offer", "sdp": "v=0\r\nthis is not sdp"}),
+                json.dumps({"type": "say", "text": ""}),
+                json.dumps({"type": "candidate", "candidate": "candidate:1 1 udp"}),
+            ]:
+                await ws.send(raw)
+                errors.append(await next_message(ws, "error"))
+            await ws.send(json.dumps({"type": "prompt", "text": "calm"}))
+            await ws.send(json.dumps({"type": "interrupt"}))
+            alive = len(server.sessions)
+            return hello, errors, alive
+
+    hello, errors, alive = run(with_server(pipeline, body))
+    assert hello["type"] == "session" and len(hello["token"]) > 10 and hello["notice"] == "note"
+    codes = [e["code"] for e in errors]
+    assert codes == [
+        "bad_json",
+        "unknown_type",
+        "bad_message",
+        "bad_sdp",
+        "bad_message",
+        "bad_state",
+    ]
+    assert "expected one of" in errors[1]["message"]
+    assert errors[3]["message"].startswith("invalid SDP offer")
+    assert alive == 1
+
+
+def test_busy_bad_token_and_oversize(pipeline) -> None:
+    async def body(server, ws_url, http):
+        async with websockets.connect(ws_url) as first:
+            await first.recv()
+            async with websockets.connect(ws_url) as second:
+                busy = json.loads(await second.recv())
+                with pytest.raises(ConnectionClosed) as closed:
+                    await second.recv()
+                busy_code = closed.value.rcvd.code
+            async with websockets.connect(ws_url + "?token=nope") as third:
+                bad = json.loads(await third.recv())
+            # an oversize message ends only its own connection
+            await first.send(json.dumps({"type": "say", "text": "x" * 400_000}))
+            with pytest.raises(ConnectionClosed) as big:
+                await first.recv()
+        await asyncio.sleep(0.2)
+        left = len(server.sessions)
+        async with websockets.connect(ws_url) as again:
+            fresh = json.loads(await again.recv())
+        return busy, busy_code, bad, big.value.rcvd.code, left, fresh
+
+    busy, busy_code, bad, big_code, left, fresh = run(with_server(pipeline, body))
+    assert busy["code"] == "busy" and "limit of 1" in busy["message"] and busy_code == 1013
+    assert bad["code"] == "bad_token"
+    assert big_code == 1009  # message too big
+    assert left == 0  # the oversize session was freed
+    assert fresh["type"] == "session"  # and the server still serves
+
+
+def test_vanished_client_frees_its_session(pipeline) -> None:
+    async def body(server, ws_url, http):
+        ws = await websockets.connect(ws_url)
+        await ws.recv()
+        live = next(iter(server.sessions.values())).live
+        live.start()  # generation thread + driver running, as in a call
+        await asyncio.sleep(0.5)
+        ws.transport.abort()  # no close frame: the client just disappears
+        for _ in range(100):
+            if not server.sessions:
+                break
+            await asyncio.sleep(0.05)
+        return len(server.sessions), live
+
+    left, live = run(with_server(pipeline, body))
+    assert left == 0
+    assert not live._thread.is_alive()
+    assert live.session.state.context_latents is None  # tensors released
+    assert not [t for t in threading.enumerate() if t.name.startswith("gen-")]
