@@ -14,6 +14,7 @@ import logging
 import mimetypes
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -83,6 +84,7 @@ class AvatarServer:
         self.web_dir = web_dir
         self.sessions: dict[str, Entry] = {}
         self._pending = 0  # sessions being created (counted against the cap)
+        self.on_session: Callable[[LiveSession], None] | None = None  # observers (tests, agents)
         self._ws: WsServer | None = None
 
     # -- HTTP ----------------------------------------------------------------------------------
@@ -151,6 +153,8 @@ class AvatarServer:
             entry, {"type": "speech", "state": state}
         )
         log.info("session %s opened (%d active)", token[:6], len(self.sessions))
+        if self.on_session is not None:
+            self.on_session(live)
         try:
             await ws.send(
                 json.dumps(

@@ -34,3 +34,14 @@ def test_call_streams_paced_video_and_aligned_audio() -> None:
     g2g = np.array(r["glass_to_glass_ms"][25:])
     assert 0 < np.median(g2g) < 2000
     assert r["sessions_left"] == 0
+
+
+def test_twenty_calls_free_everything_they_held() -> None:
+    r = run_in_netns("cycles.py", "--cycles", "20")
+    assert r["sessions_left"] == 0
+    assert r["tracked"] == 21 and r["alive_sessions"] == 0  # every LiveSession was collected
+    assert r["threads"] <= r["base_threads"] + 1
+    rss = np.array(r["rss_mb"])
+    # memory returns to the baseline: no growth across calls (allocator noise allowed)
+    assert rss[-1] - r["base_rss_mb"] < 60
+    assert np.polyfit(np.arange(rss.size), rss, 1)[0] < 1.5  # MB per call

@@ -1,0 +1,54 @@
+"""20 calls in a row, each hung up after a second: everything a session held must be freed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import threading
+import weakref
+
+import numpy as np
+from common import emit, start_server, tiny_live_pipeline
+
+from pipeline.bench.worker import rss_mb
+from rtc.client import run_call
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cycles", type=int, default=20)
+    args = ap.parse_args()
+    pipeline = tiny_live_pipeline(128)
+    server, url = await start_server(pipeline)
+    refs: list[weakref.ref] = []
+    server.on_session = lambda live: refs.append(weakref.ref(live))
+    mic = np.zeros(16000, np.float32)
+    await run_call(url, 1.0, mic=mic)  # warm-up: codecs, thread pools, allocator pools
+    await asyncio.sleep(0.5)
+    gc.collect()
+    base_rss, base_threads = rss_mb(), threading.active_count()
+    rss = []
+    for _ in range(args.cycles):
+        await run_call(url, 1.0, mic=mic)
+        await asyncio.sleep(0.2)
+        gc.collect()
+        rss.append(rss_mb())
+    await asyncio.sleep(0.5)
+    gc.collect()
+    alive = sum(1 for r in refs if r() is not None)
+    emit(
+        {
+            "base_rss_mb": base_rss,
+            "rss_mb": rss,
+            "base_threads": base_threads,
+            "threads": threading.active_count(),
+            "sessions_left": len(server.sessions),
+            "tracked": len(refs),
+            "alive_sessions": alive,
+        }
+    )
+    await server.stop()
+
+
+asyncio.run(main())
