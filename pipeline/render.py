@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +17,10 @@ from pipeline.core.config import TalkloopConfig
 from pipeline.core.errors import InputError
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from pipeline.offload.distributed import is_publisher
 from pipeline.outputs.background import BackgroundSink
 from pipeline.outputs.mp4 import Mp4Sink
+from pipeline.outputs.sink import Sink
 from pipeline.reference import load_reference
 
 AUDIO_BLOCK_SECONDS = 1.0
@@ -99,12 +101,13 @@ def render_file(
     prompt: str = "",
     progress: bool = False,
     pipeline: Pipeline | None = None,
+    extra_sinks: Sequence[Sink] = (),
 ) -> RenderResult:
     """Render ``audio_path`` to ``out_path``. Inputs are checked before any model is loaded.
 
     On Ctrl-C or SIGTERM (raised as KeyboardInterrupt) the mp4 of what was produced so far is
     finalised and the result says ``interrupted``; on any other error no file is left at
-    ``out_path``.
+    ``out_path``. ``extra_sinks`` (a KVS mirror) get the same stream after the mp4.
     """
     out = check_output_path(out_path)
     v = config.video
@@ -121,9 +124,11 @@ def render_file(
     if pipeline is None:
         pipeline = Pipeline.from_config(config)
     total = frames_for_samples(samples.shape[0], v.fps, config.audio.sample_rate)
-    mp4 = Mp4Sink(out, crf=config.output.crf, preset=config.output.preset)
-    # Encoding runs on its own thread, overlapping the next chunk's generation.
-    sinks = [BackgroundSink(mp4), ProgressSink(total, progress)]
+    sinks: list = []
+    if is_publisher():  # torchrun: every rank computes its shards, only rank 0 publishes
+        mp4 = Mp4Sink(out, crf=config.output.crf, preset=config.output.preset)
+        # Encoding runs on its own thread, overlapping the next chunk's generation.
+        sinks = [BackgroundSink(mp4), ProgressSink(total, progress), *extra_sinks]
     session = pipeline.open_session(image, prompt, sinks)
     t0 = time.perf_counter()
     interrupted = False

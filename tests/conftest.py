@@ -37,73 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 import numpy as np  # noqa: E402
 
-
-class CollectSink:
-    """Keeps everything it is given (tests only: the real sinks never accumulate)."""
-
-    def __init__(self) -> None:
-        self.frames: list[np.ndarray] = []
-        self.first_indices: list[int] = []
-        self.audio: list[np.ndarray] = []
-        self.first_samples: list[int] = []
-        self.info = None
-        self.closed = self.aborted = False
-
-    def open(self, info) -> None:
-        self.info = info
-
-    def write(self, video, audio) -> None:
-        self.frames.append(video.frames.copy())
-        self.first_indices.append(video.first_index)
-        self.audio.append(audio.samples.copy())
-        self.first_samples.append(audio.first_sample)
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def all_frames(self) -> np.ndarray:
-        return np.concatenate(self.frames) if self.frames else np.zeros((0,), np.uint8)
-
-    def all_audio(self) -> np.ndarray:
-        return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
-
-
-def make_reference(width: int = 64, height: int = 64, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    img = np.stack([x * 255 // width, y * 255 // height, np.full_like(x, 128)], -1)
-    img = img + rng.integers(0, 30, img.shape)
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
-def tiny_config(**overrides):
-    from pipeline.core.config import build_config
-
-    base = {
-        "video": {"width": 64, "height": 64, "fps": 25},
-        "schedule": {"first_len": 2, "n_len": 6, "i_len": 2, "ctx_len": 2},
-        "sampler": {"steps": 2},
-        "model": {"preset": "tiny", "untrained": True, "dtype": "float32"},
-    }
-    for key, value in overrides.items():
-        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
-    return build_config(**base)
-
-
-def liven(modules, seed: int = 1) -> None:
-    """Give zero-initialised layers (adaLN-Zero, output heads) small random values, so that
-    conditioning inputs visibly change untrained outputs."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in modules.values():
-            for p in m.net.parameters():
-                if p.numel() and torch.count_nonzero(p) == 0:
-                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+from support import liven, tiny_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,22 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ttff-runs", type=int, default=3, help="real-time-fed runs for ttff_ms")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for JSON and PNG")
+    p.add_argument(
+        "--offload",
+        action="store_true",
+        help="compare a2v/sr resident vs offloaded vs sharded (2 processes) for the shortest "
+        "duration instead (docs/offload.md)",
+    )
+
+
+def add_live_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="measure a real WebRTC call instead: glass_to_glass_ms, fps, av_offset_ms",
+    )
+    p.add_argument("--seconds", type=float, default=60, help="length of the --live call")
+    p.add_argument("--playout-delay-ms", type=int, default=None, help="live playout delay")
 
 
 def parse_durations(text: str) -> list[float]:
@@ -46,12 +62,15 @@ def parse_durations(text: str) -> list[float]:
     return values
 
 
-def run_worker(spec: dict) -> dict:
+def run_worker(spec: dict, module: str = "pipeline.bench.worker", netns: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))
+        cmd = [sys.executable, "-m", module, str(spec_path), str(result_path)]
+        if netns:
+            cmd = ["unshare", "-n", "sh", "-c", NETNS_SETUP, *cmd]
         proc = subprocess.run(
-            [sys.executable, "-m", "pipeline.bench.worker", str(spec_path), str(result_path)],
+            cmd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -65,7 +84,13 @@ def run_worker(spec: dict) -> dict:
 
 
 def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
+    if args.live:
+        return cmd_bench_live(args, config)
     durations = parse_durations(args.durations)
+    if getattr(args, "offload", False):
+        from pipeline.offload.bench import run_offload_bench
+
+        return run_offload_bench(args, config, min(durations))
     cfg = config.model_dump(mode="json")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -101,6 +126,60 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     print_table(result)
     print(f"wrote {out / 'bench.json'} and {out / 'memory.png'}")
     return 0
+
+
+NETNS_SETUP = 'ip link set lo up && ip addr add 127.0.0.2/8 dev lo && exec "$0" "$@"'
+
+
+def can_use_netns() -> bool:
+    import shutil
+
+    return os.geteuid() == 0 and bool(shutil.which("unshare")) and bool(shutil.which("ip"))
+
+
+def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
+    from pipeline.core.config import build_config
+    from rtc.app import live_config_dict
+
+    base = config.model_dump(mode="json")
+    base.pop("schedule")
+    cfg = build_config(**live_config_dict(base)).model_dump(mode="json")
+    netns = can_use_netns()
+    live = {} if args.playout_delay_ms is None else {"playout_delay_ms": args.playout_delay_ms}
+    spec = {
+        "config": cfg,
+        "seconds": args.seconds,
+        "live": live,
+        "host": "127.0.0.2" if netns else "127.0.0.1",
+    }
+    where = "a private network namespace" if netns else "this host's network"
+    print(
+        f"talkloop bench --live: {args.seconds:g} s call, preset={config.model.preset}, "
+        f"schedule={cfg['schedule']}, in {where}",
+        flush=True,
+    )
+    r = run_worker(spec, module="pipeline.bench.live", netns=netns)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "live.json").write_text(json.dumps(r, indent=2))
+    g, a = r["glass_to_glass_ms"], r["av_offset_ms"]
+    print(
+        f"glass_to_glass_ms p50 {_fmt(g['p50'])}  p95 {_fmt(g['p95'])}  max {_fmt(g['max'])} "
+        f"({g['samples']} frames)"
+    )
+    print(
+        f"fps {r['fps']:.2f}  codec {r['codec']}  late {r['late_frames']}  dropped "
+        f"{r['dropped_frames']}  rtf {r['rtf']}"
+    )
+    print(
+        f"av_offset_ms end {_fmt(a['end'])}  max |.| {_fmt(a['max_abs'])}  trend "
+        f"{_fmt(a['trend_ms_per_min'], ' ms/min')}"
+    )
+    print(
+        f"peak_rss_mb {_fmt(r['peak_rss_mb'])}  mem_slope_mb_per_min {_fmt(r['mem_slope_mb_per_min'])}"
+    )
+    print(f"wrote {out / 'live.json'}")
+    return 0 if not r["errors"] else 1
 
 
 def print_table(result: dict) -> None:

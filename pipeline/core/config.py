@@ -76,20 +76,85 @@ class SamplerConfig(_Strict):
     audio_guidance: float = Field(1.0, ge=0, le=10, description="CFG scale on audio; 1 = off")
 
 
+Placement = Literal["resident", "offloaded", "sharded"]
+
+# Modules with transformer blocks (a ``.blocks`` ModuleList), per family: only these can be
+# offloaded per block or sharded per block (load_modules checks the built networks again).
+BLOCK_MODULES = {"studio": ("a2v", "sr")}
+
+
+class PlacementConfig(_Strict):
+    """Where each module's weights live (docs/offload.md).
+
+    ``resident``: on the device. ``offloaded``: pinned host masters, copied block by block into a
+    ring of device slots just before use. ``sharded``: FSDP2 shards across the ranks of a
+    ``torchrun`` launch.
+    """
+
+    vae: Placement = "resident"
+    audio_encoder: Placement = "resident"
+    text_encoder: Placement = "resident"
+    a2v: Placement = "resident"
+    sr: Placement = "resident"
+
+
 class ModelConfig(_Strict):
     family: Literal["studio"] = "studio"
-    preset: Literal["default", "tiny"] = Field("default", description="network sizes")
+    preset: Literal["default", "tiny", "large"] = Field("default", description="network sizes")
     weights: Path | None = Field(
         None, description="checkpoint folder; None = the weights installed with the package"
     )
     untrained: bool = Field(False, description="use random weights (tests, benchmarks)")
     dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="compute dtype")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the networks compute")
+    placement: PlacementConfig = PlacementConfig()
+    offload_slots: int = Field(
+        2, ge=2, le=8, description="device slots per offloaded module (prefetch depth + 1)"
+    )
+    stage_prefetch_blocks: int = Field(
+        1, ge=0, le=8, description="first blocks of the next stage's model loaded during a stage"
+    )
+    pin_memory: bool | None = Field(
+        None, description="page-locked host masters; None = wherever a CUDA driver exists"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         if self.untrained and self.weights is not None:
             raise ValueError("choose either weights=<folder> or untrained=true, not both")
+        self._check_placement()
         return self
+
+    def _check_placement(self) -> None:
+        from pipeline.offload.device import driver_available
+        from pipeline.offload.distributed import env_world_size
+
+        with_blocks = BLOCK_MODULES[self.family]
+        for name, mode in self.placement.model_dump().items():
+            if mode != "resident" and name not in with_blocks:
+                raise ValueError(
+                    f"placement.{name}={mode!r}: {name} has no transformer blocks to "
+                    f"{'offload' if mode == 'offloaded' else 'shard'} (only "
+                    f"{', '.join(with_blocks)} do); set placement.{name}='resident'"
+                )
+            if mode == "sharded" and env_world_size() < 2:
+                raise ValueError(
+                    f"placement.{name}='sharded' needs more than one process, but the world "
+                    "size is 1; launch with `torchrun --nproc-per-node 2 -m pipeline.cli ...` "
+                    f"or set placement.{name}='offloaded'"
+                )
+        needs_driver = self.device == "cuda" or self.pin_memory
+        if needs_driver and not driver_available():
+            what = "device='cuda'" if self.device == "cuda" else "pin_memory=true"
+            raise ValueError(
+                f"{what} needs a CUDA driver and GPU, and none was found; "
+                "use device='cpu' and pin_memory=null (pinned only where a driver exists)"
+            )
+        if self.pin_memory and self.device == "cpu":
+            raise ValueError(
+                "pin_memory=true only helps copies to a GPU, but device='cpu'; "
+                "set device='cuda' or pin_memory=null"
+            )
 
 
 class OutputConfig(_Strict):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from pydantic import BaseModel, ValidationError
@@ -34,6 +34,10 @@ class Module(Generic[C]):
         self.name = name
         self.config = config
         self.net = net.eval().requires_grad_(False)
+        # Set by pipeline.offload.placement: "resident", "offloaded" or "sharded", and the
+        # offloaded module's BlockOffloader (hooks on the net do the work; nothing here changes).
+        self.placement = "resident"
+        self.runtime: Any = None
 
     def __repr__(self) -> str:
         return f"Module({self.name!r}, {self.num_parameters() / 1e6:.2f}M params)"

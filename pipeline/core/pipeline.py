@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +143,14 @@ class Pipeline:
         self.info = StreamInfo(
             config.video.width, config.video.height, config.video.fps, config.audio.sample_rate
         )
+        # Called with (phase name, stage) before each stage runs: the offload layer prefetches
+        # the next stage's model here (pipeline/offload/prefetch.py).
+        self.stage_hooks: list[Callable[[str, Stage], None]] = []
+        from pipeline.offload.prefetch import stage_prefetcher
+
+        prefetcher = stage_prefetcher(self)
+        if prefetcher is not None:
+            self.stage_hooks.append(prefetcher)
 
     @classmethod
     def from_config(cls, config: TalkloopConfig) -> Pipeline:
@@ -164,6 +172,11 @@ class Pipeline:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.config.model.dtype == "bfloat16":
+            if self.config.model.device == "cuda":  # host-side ops stay under CPU autocast
+                stack = contextlib.ExitStack()
+                stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+                stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+                return stack
             return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -181,6 +194,8 @@ class Pipeline:
         with torch.inference_mode(), self.autocast():
             for stage in self.phases[name].stages:
                 t0 = time.perf_counter()
+                for hook in self.stage_hooks:
+                    hook(name, stage)
                 stage.run(StageContext(stage, work, state, self.modules, SESSION_FIELDS))
                 if timings is not None:
                     key = f"{name}/{stage.name}"
@@ -279,6 +294,14 @@ class Session:
         with self._cond:
             self.state.audio.ended = True
             self._cond.notify_all()
+
+    def silence_unconsumed_audio(self) -> None:
+        """Zero the audio no chunk has used yet (an interrupt): the avatar returns to idle."""
+        info, p = self.pipeline.info, self.pipeline
+        with self._cond:
+            used = frame_start_sample(self.state.frames_published, info.fps, info.sample_rate)
+            buf = self.state.audio
+            buf.samples[max(0, used + p.lookahead_samples - buf.offset) :] = 0.0
 
     def set_prompt(self, prompt: str) -> None:
         """Change the text conditioning from the next chunk on."""

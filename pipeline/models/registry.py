@@ -59,6 +59,9 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
         if m.dtype == "bfloat16":
             module.cast_matmuls(torch.bfloat16)
         modules[name] = module
+    from pipeline.offload.placement import apply_placement
+
+    apply_placement(modules, m)  # resident / offloaded / sharded, per model.placement
     return modules
 
 

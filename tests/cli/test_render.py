@@ -17,7 +17,7 @@ from PIL import Image
 from pipeline.audio.io import write_wav
 from pipeline.cli import main
 
-from conftest import make_reference
+from support import make_reference
 
 TINY = ["--untrained", "--preset", "tiny", "--size", "64", "--steps", "2", "--quiet"]
 

@@ -15,7 +15,7 @@ from pipeline.models.registry import load_modules
 from pipeline.models.studio.a2v import A2VDiT
 from pipeline.models.studio.family import StudioConfig
 
-from conftest import CollectSink, make_reference, tiny_config
+from support import CollectSink, make_reference, tiny_config
 
 pytestmark = pytest.mark.unit
 

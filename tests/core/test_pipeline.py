@@ -13,7 +13,7 @@ from pipeline.core.errors import InputError, PipelineError, SessionClosedError
 from pipeline.core.pipeline import Phase, Pipeline, default_phases
 from pipeline.core.stage import Stage, StageContext
 
-from conftest import CollectSink, make_reference, tiny_config
+from support import CollectSink, make_reference, tiny_config
 
 pytestmark = pytest.mark.unit
 

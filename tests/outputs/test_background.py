@@ -11,7 +11,7 @@ import pytest
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from pipeline.outputs.background import BackgroundSink
 
-from conftest import CollectSink
+from support import CollectSink
 
 pytestmark = pytest.mark.unit
 INFO = StreamInfo(64, 64, 25, 16000)

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from netns import run_in_netns
 
 pytestmark = pytest.mark.e2e

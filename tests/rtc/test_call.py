@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from netns import run_in_netns
 
 pytestmark = pytest.mark.e2e

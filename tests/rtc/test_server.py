@@ -18,7 +18,7 @@ from rtc.app import live_config_dict
 from rtc.live import LiveConfig
 from rtc.server import AvatarServer
 
-from conftest import make_reference, tiny_config
+from support import make_reference, tiny_config
 
 pytestmark = pytest.mark.unit
 

@@ -67,6 +67,18 @@ class StudioConfig(BaseModel):
             sr=SRConfig(dim=32, depth=1, heads=2),
         )
 
+    @classmethod
+    def large(cls) -> StudioConfig:
+        """GPU scale, for the offload check at 1280x720 (scripts/gpu_check.py), random weights.
+
+        720 / 8 = 90 latent rows, pooled to 45 for the A2V: its patch is 5 (144 tokens a frame at
+        1280x720). About 1.5 B A2V parameters in 28 blocks (~100 MB each in bf16).
+        """
+        return cls(
+            a2v=A2VConfig(patch=5, dim=1536, depth=28, heads=12, max_frames=64),
+            sr=SRConfig(patch=2, dim=1024, depth=12, heads=8),
+        )
+
 
 def build_networks(config: StudioConfig) -> dict[str, nn.Module]:
     """Construct all five networks from the current ``torch.manual_seed`` state (caller seeds).

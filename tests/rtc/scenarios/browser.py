@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from common import emit, start_server, tiny_live_pipeline
 from playwright.async_api import async_playwright
 
 from pipeline.assets import HELLO_WAV
+
+from common import emit, start_server, tiny_live_pipeline
 
 CHROMIUM = "/usr/bin/chromium"
 

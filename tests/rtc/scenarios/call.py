@@ -6,11 +6,12 @@ import argparse
 import asyncio
 
 import numpy as np
-from common import emit, start_server, tiny_live_pipeline
 
 from pipeline.assets import HELLO_WAV
 from pipeline.audio.io import load_audio
 from rtc.client import run_call
+
+from common import emit, start_server, tiny_live_pipeline
 
 
 def av_offsets_ms(r) -> list[float]:

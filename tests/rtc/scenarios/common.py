@@ -14,7 +14,7 @@ from rtc.app import live_config_dict  # noqa: E402
 from rtc.live import LiveConfig  # noqa: E402
 from rtc.server import AvatarServer  # noqa: E402
 
-from conftest import make_reference, tiny_config  # noqa: E402
+from support import make_reference, tiny_config  # noqa: E402
 
 HOST = "127.0.0.2"
 

@@ -9,10 +9,11 @@ import threading
 import weakref
 
 import numpy as np
-from common import emit, start_server, tiny_live_pipeline
 
 from pipeline.bench.worker import rss_mb
 from rtc.client import run_call
+
+from common import emit, start_server, tiny_live_pipeline
 
 
 async def main() -> None:

@@ -1,0 +1,111 @@
+"""`talkloop bench --live`: a real call against a real server, measured from the client side.
+
+The server stamps into every frame the wall-clock time at which that frame's audio reached the
+peer; the client reads the stamp when it has decoded the frame, so ``glass_to_glass_ms`` covers
+microphone audio in -> generated -> encoded -> sent -> received -> decoded. Runs in its own
+process; as root with `unshare` available it runs in a private network namespace (loopback only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.bench.worker import looped_speech, rss_mb
+from pipeline.core.config import TalkloopConfig
+from pipeline.core.pipeline import Pipeline
+
+HOST_IN_NETNS = "127.0.0.2"
+
+
+async def measure(spec: dict) -> dict:
+    from pipeline.bench.worker import bench_reference
+    from rtc.client import run_call
+    from rtc.live import LiveConfig
+    from rtc.server import AvatarServer
+
+    config = TalkloopConfig.model_validate(spec["config"])
+    pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+    live = LiveConfig(**{**spec.get("live", {}), "stamp_frames": True})
+    reference = bench_reference(config.video.width, config.video.height)
+    server = AvatarServer(pipeline, reference, "", live, 1, "")
+    port = await server.start(spec["host"], 0)
+    seconds = float(spec["seconds"])
+    mic = np.concatenate(list(looped_speech(config.audio.sample_rate, seconds + 5)))
+    memory: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def sample_memory() -> None:
+        t0 = time.monotonic()
+        while not stop.wait(1.0):
+            memory.append((time.monotonic() - t0, rss_mb()))
+
+    sampler = threading.Thread(target=sample_memory, daemon=True)
+    sampler.start()
+    result = await run_call(f"ws://{spec['host']}:{port}/ws", seconds, mic=mic, read_stamps=True)
+    stop.set()
+    await server.stop()
+    warm = int(config.video.fps * 2)  # the first two seconds include connection set-up
+    g2g = (
+        np.array(result.stamps_latency_ms[warm:])
+        if len(result.stamps_latency_ms) > warm
+        else np.zeros(0)
+    )
+    offsets = [
+        (i, s["av_offset_ms"])
+        for i, s in enumerate(result.stats)
+        if s.get("av_offset_ms") is not None
+    ]
+    last = result.stats[-1] if result.stats else {}
+    mem = np.array(memory)
+    tail = mem[mem[:, 0] >= 0.2 * mem[-1, 0]] if mem.size else mem
+    slope = (
+        float(np.polyfit(tail[:, 0] / 60, tail[:, 1], 1)[0])
+        if tail.shape[0] >= 3 and mem[-1, 0] >= 60
+        else None
+    )
+    return {
+        "seconds": seconds,
+        "video_frames": len(result.video_times),
+        "fps": result.summary()["fps"],
+        "codec": result.codec,
+        "glass_to_glass_ms": {
+            "p50": float(np.percentile(g2g, 50)) if g2g.size else None,
+            "p95": float(np.percentile(g2g, 95)) if g2g.size else None,
+            "max": float(g2g.max()) if g2g.size else None,
+            "samples": int(g2g.size),
+        },
+        "av_offset_ms": {
+            "end": offsets[-1][1] if offsets else None,
+            "first": offsets[0][1] if offsets else None,
+            "max_abs": max((abs(o) for _, o in offsets), default=None),
+            "trend_ms_per_min": float(
+                np.polyfit([i / 60 for i, _ in offsets], [o for _, o in offsets], 1)[0]
+            )
+            if len(offsets) >= 3
+            else None,
+        },
+        "late_frames": last.get("late_frames"),
+        "dropped_frames": last.get("dropped_frames"),
+        "rtf": last.get("rtf"),
+        "peak_rss_mb": float(mem[:, 1].max()) if mem.size else None,
+        "mem_slope_mb_per_min": slope,
+        "memory": memory,
+        "errors": result.errors,
+    }
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    Path(argv[1]).write_text(json.dumps(asyncio.run(measure(spec))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
