@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.core.errors import TalkloopError
+from pipeline.core.errors import ConfigError, TalkloopError
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -46,8 +46,31 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--untrained", action="store_true", help="random weights (no face: tests, benchmarks)"
     )
-    g.add_argument("--preset", choices=["default", "tiny"], default="default", help="network sizes")
+    g.add_argument(
+        "--preset", choices=["default", "tiny", "large"], default="default", help="network sizes"
+    )
     g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where networks run")
+    g.add_argument(
+        "--placement",
+        type=parse_placement,
+        default={},
+        help="per module: resident|offloaded|sharded, e.g. a2v=offloaded,sr=sharded "
+        "(sharded: run under torchrun; docs/offload.md)",
+    )
+
+
+def parse_placement(text: str) -> dict[str, str]:
+    """'a2v=offloaded,sr=sharded' -> {"a2v": "offloaded", "sr": "sharded"}."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, mode = part.partition("=")
+        if not sep or not name or not mode:
+            raise argparse.ArgumentTypeError(
+                f"placement must look like a2v=offloaded,sr=sharded, got {text!r}"
+            )
+        out[name.strip()] = mode.strip()
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,13 +91,36 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--preview", action="store_true", help="fast draft: 2 steps, fastest encoder")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     add_model_args(r)
+    from pipeline.outputs.kvs.args import add_kvs_args
+
+    add_kvs_args(r)
+
+    sv = sub.add_parser("serve", help="serve live avatar calls in the browser (WebRTC)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--reference", help="avatar image; default: the bundled avatar")
+    sv.add_argument("--prompt", default="", help="initial style prompt of each session")
+    sv.add_argument("--max-sessions", type=int, default=1, help="concurrent calls at most")
+    sv.add_argument("--playout-delay-ms", type=int, default=None, help="audio-to-screen delay")
+    sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and connections")
+    add_video_args(sv)
+    add_model_args(sv)
 
     b = sub.add_parser("bench", help="measure ttff, rtf, fps and memory against a naive baseline")
-    from pipeline.bench.run import add_bench_args
+    from pipeline.bench.run import add_bench_args, add_live_args
 
     add_bench_args(b)
+    add_live_args(b)
     add_video_args(b)
     add_model_args(b)
+
+    from pipeline.studio.cli import add_studio_parser
+
+    add_studio_parser(sub)
+    from pipeline.train.cli import add_eval_parser, add_train_parser
+
+    add_train_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 
@@ -100,6 +146,8 @@ def config_from_args(args: argparse.Namespace):
             "weights": args.weights,
             "untrained": args.untrained,
             "dtype": args.dtype,
+            "device": getattr(args, "device", "cpu"),
+            "placement": getattr(args, "placement", {}),
         },
         seed=getattr(args, "seed", 0),
     )
@@ -110,14 +158,60 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     check_output_path(args.out)
+    from pipeline.outputs.kvs.args import kvs_sink_from_args
+
+    mirror = kvs_sink_from_args(args)  # None without --kvs-stream; bad flags fail here, early
     result = render_file(
-        config, args.audio, args.out, args.reference, args.prompt, progress=not args.quiet
+        config,
+        args.audio,
+        args.out,
+        args.reference,
+        args.prompt,
+        progress=not args.quiet,
+        extra_sinks=[mirror] if mirror is not None else (),
     )
+    if mirror is not None:
+        print(mirror.status.line())
     what = f"{result.frames} frames ({result.media_seconds:.2f} s) to {result.path}"
     if result.interrupted:
         print(f"talkloop: interrupted: wrote {what}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"wrote {what} in {result.wall_seconds:.1f} s (rtf {result.rtf:.2f})")
+    from pipeline.offload.distributed import is_publisher
+
+    if is_publisher():  # under torchrun every rank renders; only rank 0 wrote the file
+        print(f"wrote {what} in {result.wall_seconds:.1f} s (rtf {result.rtf:.2f})")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from pipeline.core.config import build_config
+    from rtc.app import live_config_dict, load_avatar, resolve_weights, serve_forever
+    from rtc.live import LiveConfig
+
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
+    if args.max_sessions < 1:
+        raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    args.untrained, notice = resolve_weights(args.untrained, args.weights)
+    base = config_from_args(args).model_dump(mode="json")
+    config = build_config(**live_config_dict({k: v for k, v in base.items() if k != "schedule"}))
+    reference = load_avatar(args.reference, config)
+    live = (
+        LiveConfig()
+        if args.playout_delay_ms is None
+        else LiveConfig(playout_delay_ms=args.playout_delay_ms)
+    )
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server installs its own handlers
+    asyncio.run(
+        serve_forever(
+            config, reference, args.prompt, args.host, args.port, args.max_sessions, live, notice
+        )
+    )
     return 0
 
 
@@ -133,10 +227,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "render":
             return cmd_render(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         if args.command == "bench":
             from pipeline.bench.run import cmd_bench
 
             return cmd_bench(args, config_from_args(args))
+        if args.command == "studio":
+            from pipeline.studio.cli import cmd_studio
+
+            return cmd_studio(args)
+        if args.command in ("train", "eval"):
+            from pipeline.train.cli import cmd_eval, cmd_train
+
+            return cmd_train(args) if args.command == "train" else cmd_eval(args)
     except TalkloopError as err:
         print(f"talkloop: error: {err}", file=sys.stderr)
         return EXIT_ERROR

@@ -42,6 +42,9 @@ class LiveConfig(BaseModel):
     )
     queue_seconds: float = Field(2.0, gt=0, le=30, description="published frames held at most")
     max_mic_backlog_ms: int = Field(200, ge=20, le=5000)
+    max_lag_ms: int = Field(
+        1000, ge=100, le=60000, description="generation this far behind skips whole chunks"
+    )
     stamp_frames: bool = Field(
         False, description="paint the audio arrival time into frames (tests)"
     )
@@ -133,6 +136,7 @@ class LiveSession:
             "frames_sent": v.frames_sent,
             "late_frames": v.late_frames,
             "dropped_frames": v.dropped_frames + self.frames.dropped_frames,
+            "skipped_frames": s.skipped_frames,
             "frames_generated": s.frames,
             "rtf": round(s.generate_seconds / media, 3) if s.frames else None,
             "playout_delay_ms": self.live.playout_delay_ms,
@@ -158,7 +162,7 @@ class LiveSession:
 
     def _generate(self) -> None:
         try:
-            self.session.run_live(self._stop)
+            self.session.run_live(self._stop, max_lag_s=self.live.max_lag_ms / 1000)
         except Exception as err:  # ends this session only
             self.error = err
             log.exception("session %s: generation failed", self.token[:6])

@@ -213,6 +213,7 @@ class SessionStats:
     first_frame_at: float | None = None  # perf_counter() when the first frame was published
     first_audio_at: float | None = None  # perf_counter() when the first audio sample arrived
     stage_seconds: dict[str, float] = field(default_factory=dict)  # per stage name, plus "sinks"
+    skipped_frames: int = 0  # live catch-up (run_live with max_lag_s)
 
     @property
     def ttff_ms(self) -> float | None:
@@ -251,6 +252,10 @@ class Session:
         self._pending_prompt: str | None = None
         self._closed = False
         self._max_buffer = cfg.audio.sample_rate * 30  # backpressure bound for push_audio
+        # Interrupts bump the audio epoch; each chunk records the epoch its audio was read in,
+        # so consumers can tell frames made from since-interrupted audio (VideoChunk.epoch).
+        self.audio_epoch = 0
+        self._step_epoch = 0
         pipeline.run_phase("init", {"reference_image": reference, "prompt": prompt}, self.state)
         opened: list[Sink] = []
         try:
@@ -295,13 +300,23 @@ class Session:
             self.state.audio.ended = True
             self._cond.notify_all()
 
-    def silence_unconsumed_audio(self) -> None:
-        """Zero the audio no chunk has used yet (an interrupt): the avatar returns to idle."""
+    def silence_unconsumed_audio(self, from_sample: int = 0) -> int:
+        """Zero the audio no chunk has used yet (an interrupt): the avatar returns to idle.
+
+        Args:
+            from_sample: never zero audio before this sample (audio already played out).
+
+        Returns:
+            The new audio epoch: chunks whose audio was read before this call carry a lower one.
+        """
         info, p = self.pipeline.info, self.pipeline
         with self._cond:
             used = frame_start_sample(self.state.frames_published, info.fps, info.sample_rate)
             buf = self.state.audio
-            buf.samples[max(0, used + p.lookahead_samples - buf.offset) :] = 0.0
+            start = max(used + p.lookahead_samples, from_sample)
+            buf.samples[max(0, start - buf.offset) :] = 0.0
+            self.audio_epoch += 1
+            return self.audio_epoch
 
     def set_prompt(self, prompt: str) -> None:
         """Change the text conditioning from the next chunk on."""
@@ -364,6 +379,7 @@ class Session:
             n = self.next_chunk()
             assert n is not None  # _ready_locked checked it
             windows = self._windows(n)
+            self._step_epoch = self.audio_epoch
             total_samples = state.audio.received if state.audio.ended else None
             prompt, self._pending_prompt = self._pending_prompt, None
         t0 = time.perf_counter()
@@ -415,6 +431,33 @@ class Session:
         self.stats.chunks += 1
         return int(frames.shape[0])
 
+    def lag_seconds(self) -> float:
+        """Audio waiting beyond what the next N chunk needs (0 when generation keeps up)."""
+        with self._cond:
+            n = self.next_chunk()
+            if n is None:
+                return 0.0
+            extra = self.state.audio.received - self._audio_needed(n)
+            return max(0, extra) / self.pipeline.info.sample_rate
+
+    def skip_chunk(self) -> int:
+        """Advance past the next N chunk without generating it (live catch-up).
+
+        The motion context stays that of the last generated chunk; the next chunk continues from
+        it. Returns the number of frames skipped (counted in ``stats.skipped_frames``).
+        """
+        with self._cond:
+            n = self.next_chunk()
+            # N0 is never skipped: later chunks and I chunks need its motion context.
+            if n is None or n.index == 0 or not self._ready_locked():
+                return 0
+            self.state.next_n += 1
+            self.state.frames_published = n.stop
+            self._trim_audio()
+            self._cond.notify_all()
+        self.stats.skipped_frames += n.length
+        return n.length
+
     def _windows(self, n: NChunk) -> np.ndarray:
         """(T, W) audio windows of the frames of ``n``, each ending lookahead after its frame."""
         info, p = self.pipeline.info, self.pipeline
@@ -443,7 +486,8 @@ class Session:
             b = min(b, total_samples)
         with self._cond:
             audio = self.state.audio.window(a, b)
-        video_chunk, audio_chunk = VideoChunk(frames, first), AudioChunk(audio, a)
+        video_chunk = VideoChunk(frames, first, self._step_epoch)
+        audio_chunk = AudioChunk(audio, a)
         t0 = time.perf_counter()
         for sink in self.sinks:
             sink.write(video_chunk, audio_chunk)
@@ -475,10 +519,20 @@ class Session:
             raise
         self.close()
 
-    def run_live(self, stop: threading.Event | None = None) -> None:
-        """Streaming mode: generate as audio is pushed from other threads until it ends."""
+    def run_live(self, stop: threading.Event | None = None, max_lag_s: float | None = None) -> None:
+        """Streaming mode: generate as audio is pushed from other threads until it ends.
+
+        Args:
+            stop: set it to end the loop (the sinks are closed).
+            max_lag_s: live catch-up. When more audio than this is waiting beyond what the next
+                chunk needs (generation fell behind real time), whole N chunks are skipped, so the
+                lag stays bounded; their frames are never generated (a live track repeats the last
+                frame meanwhile). None never skips (offline).
+        """
         try:
             while not self.finished and not (stop and stop.is_set()):
+                if max_lag_s is not None and self.lag_seconds() > max_lag_s and self.skip_chunk():
+                    continue
                 if not self.step():
                     self.wait_ready(timeout=0.05)
         except BaseException:

@@ -243,3 +243,24 @@ def test_released_audio_is_never_read_again(pipeline, speech) -> None:
     session.close()
     assert max(sizes) < RATE  # never more than a second waiting, for a 10 s input
     assert torch.is_tensor(session.state.context_latents)
+
+
+def test_live_catch_up_skips_whole_chunks_when_far_behind(pipeline, speech) -> None:
+    """With 3 s of audio already waiting, a live session skips chunks instead of lagging."""
+    sink = CollectSink()
+    session = pipeline.open_session(make_reference(), sinks=[sink])
+    audio = np.resize(speech, 4 * RATE)
+    session.push_audio(audio)
+    session.end_audio()
+    assert session.lag_seconds() > 3
+    session.run_live(max_lag_s=0.5)
+    shown = [
+        i
+        for first, f in zip(sink.first_indices, sink.frames, strict=True)
+        for i in range(first, first + f.shape[0])
+    ]
+    total = frames_for_samples(audio.shape[0], 25, RATE)
+    assert session.stats.skipped_frames > 0
+    assert len(shown) + session.stats.skipped_frames == total  # every frame shown or skipped
+    assert shown == sorted(shown) and len(set(shown)) == len(shown)
+    assert shown[-1] == total - 1  # it caught up: the end of the audio was generated

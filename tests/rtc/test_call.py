@@ -46,3 +46,26 @@ def test_twenty_calls_free_everything_they_held() -> None:
     # memory returns to the baseline: no growth across calls (allocator noise allowed)
     assert rss[-1] - r["base_rss_mb"] < 60
     assert np.polyfit(np.arange(rss.size), rss, 1)[0] < 1.5  # MB per call
+
+
+def test_interrupt_silences_speech_at_once() -> None:
+    r = run_in_netns("behaviour.py", "--case", "interrupt")
+    assert r["errors"] == []
+    assert r["rms_before"] > 0.05  # the avatar was speaking
+    assert r["audio_frames_after"] > 50  # audio continues (silence), no gap
+    assert r["rms_after_max"] < 0.01  # and it is silent within 0.3 s of the interrupt
+    assert r["speech_events"][:2] == ["started", "interrupted"]
+    assert r["speech_pending_after"] == 0
+
+
+def test_falling_behind_drops_video_never_audio_and_recovers() -> None:
+    r = run_in_netns("behaviour.py", "--case", "slow")
+    assert r["errors"] == []
+    # audio: continuous, real time, no stutter while generation was too slow
+    assert r["audio_frames"] >= 0.95 * r["audio_span_s"] * 50
+    assert r["max_audio_gap_ms"] < 150
+    # video: late frames were counted (repeated), the call went on
+    assert r["late_frames"] + r["dropped_frames"] > 0
+    assert r["video_frames"] >= 24 * 10
+    # lag does not grow: after recovery, latency is back near where it started
+    assert r["latency_late_ms"] <= r["latency_early_ms"] + 80

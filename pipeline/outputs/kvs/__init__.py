@@ -1,0 +1,28 @@
+"""The KVS mirror: a live copy of the stream to Amazon Kinesis Video Streams (PutMedia).
+
+``KvsSink`` is the Sink (``sink.py``); ``kvs_sink_from_args`` builds one from the flags that
+``add_kvs_args`` declares (``args.py``), so any command (render now, serve later) attaches it
+the same way. See docs/kvs.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.outputs.kvs.args import add_kvs_args, kvs_sink_from_args
+
+__all__ = ["KvsError", "KvsSink", "KvsStatus", "add_kvs_args", "kvs_sink_from_args"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the command line imports this package to declare its flags, and should not pay
+    # for PyAV and the encoder code unless a mirror is asked for.
+    if name in ("KvsSink", "KvsStatus"):
+        from pipeline.outputs.kvs import sink
+
+        return getattr(sink, name)
+    if name == "KvsError":
+        from pipeline.outputs.kvs.putmedia import KvsError
+
+        return KvsError
+    raise AttributeError(name)
