@@ -13,6 +13,9 @@ Client -> server (JSON text messages):
 
 Server -> client: `session` (token, notice), `answer` (sdp), `stats` (once a second), `error`
 (`code`, `message`), `speech` (`state`: started / finished / interrupted).
+
+An agent joins a running session with ``/ws?token=<token>&role=agent`` and speaks the agent
+protocol (``agent/protocol.py``, ``docs/agents.md``).
 """
 
 from __future__ import annotations
@@ -20,20 +23,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline.core.errors import InputError
+from agent.protocol import ProtocolError, error
+
+__all__ = ["CLIENT_TYPES", "ProtocolError", "error", "parse_message"]
 
 MAX_TEXT = 2000
 CLIENT_TYPES = ("offer", "candidate", "say", "prompt", "interrupt", "bye")
-
-
-class ProtocolError(InputError):
-    """A message the server cannot act on; answered with an error, the session goes on."""
-
-    session_fatal = False
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def parse_message(raw: str | bytes) -> dict[str, Any]:
@@ -75,7 +70,3 @@ def _require_str(msg: dict[str, Any], field: str, limit: int, allow_empty: bool 
         raise ProtocolError(
             "too_long", f"{msg['type']}: field {field!r} is longer than {limit} characters"
         )
-
-
-def error(code: str, message: str) -> str:
-    return json.dumps({"type": "error", "code": code, "message": message})

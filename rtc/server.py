@@ -1,8 +1,10 @@
 """`talkloop serve`: one port for the page (HTTP) and for signaling and control (websocket).
 
 Each websocket connection to ``/ws`` opens one avatar session (up to ``max_sessions``) and gets a
-token. A bad message is answered with an error and the session goes on; a broken session ends
-alone; the server keeps serving everyone else.
+token. A voice agent joins that session with ``/ws?token=<token>&role=agent`` (the agent protocol,
+``agent/protocol.py``): its speech drives the avatar the viewer sees. A bad message is answered
+with an error and the session goes on; a broken session ends alone; the server keeps serving
+everyone else.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from pipeline.audio.tts import synthesize
+from agent.frames import PlaybackEvent, PlaybackStarted
+from agent.protocol import AgentChannel, event_message
 from pipeline.core.errors import TalkloopError
 from pipeline.core.pipeline import Pipeline
 from rtc.live import LiveConfig, LiveSession
@@ -49,6 +52,7 @@ class Entry:
     live: LiveSession
     ws: ServerConnection
     peer: Peer | None = None
+    agent: ServerConnection | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
     closed: bool = False
 
@@ -122,8 +126,16 @@ class AvatarServer:
                 )
                 await ws.close(4401, "unknown session token")
                 return
-            await ws.send(error("not_supported", "joining a running session is not supported yet"))
-            await ws.close(4400, "not supported")
+            if query.get("role", [""])[0] != "agent":
+                await ws.send(
+                    error(
+                        "not_supported",
+                        "joining a running session is only supported for agents (role=agent)",
+                    )
+                )
+                await ws.close(4400, "not supported")
+                return
+            await self._agent(self.sessions[token], ws)
             return
         if len(self.sessions) + self._pending >= self.max_sessions:
             await ws.send(
@@ -149,9 +161,7 @@ class AvatarServer:
             self._pending -= 1
         entry = Entry(live, ws)
         self.sessions[token] = entry
-        live.driver.on_speech = lambda state: self._send_soon(
-            entry, {"type": "speech", "state": state}
-        )
+        live.avatar.listeners.append(lambda event: self._on_playback(entry, event))
         log.info("session %s opened (%d active)", token[:6], len(self.sessions))
         if self.on_session is not None:
             self.on_session(live)
@@ -212,11 +222,8 @@ class AvatarServer:
                 msg.get("candidate"), msg.get("sdpMid"), msg.get("sdpMLineIndex")
             )
         elif kind == "say":
-            samples = await asyncio.to_thread(
-                synthesize, msg["text"], self.pipeline.info.sample_rate
-            )
-            if not live.say(samples):
-                raise ProtocolError("busy", "too much speech is queued; wait or interrupt")
+            task = live.say(msg["text"])
+            task.add_done_callback(lambda t: self._say_done(entry, t))
         elif kind == "prompt":
             live.set_prompt(msg["text"])
         elif kind == "interrupt":
@@ -224,13 +231,83 @@ class AvatarServer:
         elif kind == "bye":
             entry.closed = True
 
-    def _send_soon(self, entry: Entry, msg: dict[str, Any]) -> None:
-        if not entry.closed:
-            entry.tasks.append(asyncio.get_running_loop().create_task(self._send(entry, msg)))
+    # -- agents ----------------------------------------------------------------------------------
 
-    async def _send(self, entry: Entry, msg: dict[str, Any]) -> None:
+    async def _agent(self, entry: Entry, ws: ServerConnection) -> None:
+        """One agent connection driving ``entry``'s session (agent/protocol.py)."""
+        if entry.agent is not None:
+            await ws.send(error("bad_state", "this session already has an agent connected"))
+            await ws.close(4409, "agent already connected")
+            return
+        entry.agent = ws
+        channel = AgentChannel(entry.live.avatar)
+        info = self.pipeline.info
+        log.info("session %s: agent connected", entry.live.token[:6])
+        try:
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "agent",
+                        "token": entry.live.token,
+                        "sample_rate": info.sample_rate,
+                        "video": {"width": info.width, "height": info.height, "fps": info.fps},
+                    }
+                )
+            )
+            async for raw in ws:
+                try:
+                    channel.handle(raw)
+                except ProtocolError as err:
+                    await ws.send(error(err.code, str(err)))
+                except TalkloopError as err:
+                    await ws.send(error("bad_request", str(err)))
+                if channel.closed or entry.closed:
+                    break
+        except ConnectionClosed:
+            pass
+        finally:
+            if entry.agent is ws:
+                entry.agent = None
+                if not entry.closed:
+                    channel.detach()
+            with contextlib.suppress(Exception):
+                await ws.close()
+            log.info("session %s: agent left", entry.live.token[:6])
+
+    def _on_playback(self, entry: Entry, event: PlaybackEvent) -> None:
+        """Playback events go to the page (``speech``) and to the agent (agent protocol)."""
+        if isinstance(event, PlaybackStarted):
+            state = "started"
+        else:
+            state = "interrupted" if event.interrupted else "finished"
+        self._send_soon(entry, {"type": "speech", "state": state})
+        if entry.agent is not None:
+            self._send_soon(entry, event_message(event), entry.agent)
+
+    def _say_done(self, entry: Entry, task: asyncio.Task) -> None:
+        if task.cancelled() or entry.closed:
+            return
+        err = task.exception()
+        if err is not None:
+            code = "busy" if getattr(err, "retryable", False) else "bad_request"
+            self._send_soon(entry, json.loads(error(code, f"say failed: {err}")))
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _send_soon(
+        self, entry: Entry, msg: dict[str, Any], ws: ServerConnection | None = None
+    ) -> None:
+        if not entry.closed:
+            task = asyncio.get_running_loop().create_task(self._send(entry, msg, ws))
+            entry.tasks.append(task)
+            # Finished sends leave the list: a long call must not accumulate done tasks.
+            task.add_done_callback(lambda t: t in entry.tasks and entry.tasks.remove(t))
+
+    async def _send(
+        self, entry: Entry, msg: dict[str, Any], ws: ServerConnection | None = None
+    ) -> None:
         with contextlib.suppress(ConnectionClosed):
-            await entry.ws.send(json.dumps(msg))
+            await (ws or entry.ws).send(json.dumps(msg))
 
     async def _stats(self, entry: Entry) -> None:
         last_sent, last_t = 0, time.monotonic()
@@ -254,8 +331,10 @@ class AvatarServer:
             with contextlib.suppress(Exception):
                 await entry.peer.close()
         await entry.live.close()
-        with contextlib.suppress(Exception):
-            await entry.ws.close()
+        for ws in (entry.ws, entry.agent):
+            if ws is not None:
+                with contextlib.suppress(Exception):
+                    await ws.close()
         log.info("session %s closed (%d active)", entry.live.token[:6], len(self.sessions))
 
     # -- running -------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import numpy as np
 
 
@@ -71,3 +74,26 @@ def liven(modules, seed: int = 1) -> None:
             for p in m.net.parameters():
                 if p.numel() and torch.count_nonzero(p) == 0:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+# -- manual-clock pacing of avatar sessions (tests/agent) ---------------------------------------
+
+
+async def settle(avatar, timeout: float = 20.0) -> None:
+    """Let the loop run, then wait until generation has done every chunk it has audio for."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+    deadline = time.monotonic() + timeout
+    while avatar.session.ready():
+        if time.monotonic() > deadline:
+            raise AssertionError("generation did not catch up")
+        await asyncio.sleep(0.002)
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def advance(avatar, clock, seconds: float, step: float = 0.01) -> None:
+    """Move the manual clock in small steps, letting generation catch up after each."""
+    for _ in range(int(round(seconds / step))):
+        clock.advance(step)
+        await settle(avatar)

@@ -27,11 +27,14 @@ class StreamInfo:
 class VideoChunk:
     """Consecutive display frames ``first_index .. first_index + len(frames) - 1``.
 
-    ``frames`` is ``(T, H, W, 3)`` uint8 RGB.
+    ``frames`` is ``(T, H, W, 3)`` uint8 RGB. ``epoch`` is the session's audio epoch when the
+    chunk's audio was read (it grows at each interrupt): live outputs use it to withhold frames
+    generated from audio that was interrupted before it was played.
     """
 
     frames: np.ndarray
     first_index: int
+    epoch: int = 0
 
     def __len__(self) -> int:
         return int(self.frames.shape[0])

@@ -47,6 +47,7 @@ class LiveFrame:
     rgb: np.ndarray
     audio: np.ndarray
     audio_first_sample: int
+    epoch: int = 0  # the audio epoch it was generated in (VideoChunk.epoch)
 
 
 class FrameQueueSink:
@@ -136,6 +137,7 @@ class FrameQueueSink:
                 rgb=np.array(video.frames[i], dtype=np.uint8, copy=True),
                 audio=samples[start - a0 : end - a0].copy(),
                 audio_first_sample=start,
+                epoch=video.epoch,
             )
             self._put(item)
 

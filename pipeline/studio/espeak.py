@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,11 +99,18 @@ class _Engine:
             raise ConfigError(f"espeak-ng initialised at {rate} Hz, expected {ESPEAK_RATE}")
         self._chunks: list[np.ndarray] = []
         self._events: list[tuple[int, str]] = []
+        # While set, audio goes to this function as it is synthesised (``stream``); it returns
+        # True to abort the synthesis.
+        self._sink: Callable[[np.ndarray], bool] | None = None
         self._callback = _Callback(self._on_synth)  # keep a reference: C holds the pointer
         lib.espeak_SetSynthCallback(self._callback)
         self.lock = threading.Lock()
 
     def _on_synth(self, wav: ctypes.Array, n: int, events: ctypes.Array) -> int:
+        if self._sink is not None:
+            if n > 0 and wav:
+                return 1 if self._sink(np.ctypeslib.as_array(wav, (n,)).copy()) else 0
+            return 0
         if n > 0 and wav:
             self._chunks.append(np.ctypeslib.as_array(wav, (n,)).copy())
         i = 0
@@ -113,14 +121,41 @@ class _Engine:
             i += 1
         return 0
 
+    def _configure(self, voice: str, rate: int, pitch: int, pitch_range: int) -> None:
+        if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
+            raise ConfigError(f"espeak-ng has no voice {voice!r} (see `espeak-ng --voices`)")
+        self.lib.espeak_SetParameter(_PARAM_RATE, int(rate), 0)
+        self.lib.espeak_SetParameter(_PARAM_PITCH, int(pitch), 0)
+        self.lib.espeak_SetParameter(_PARAM_RANGE, int(pitch_range), 0)
+        self.lib.espeak_SetParameter(_PARAM_VOLUME, 100, 0)
+
+    def stream(
+        self,
+        text: str,
+        voice: str,
+        rate: int,
+        pitch: int,
+        pitch_range: int,
+        on_audio: Callable[[np.ndarray], bool],
+    ) -> None:
+        """Synthesise ``text``, handing each int16 chunk (about 50 ms) to ``on_audio`` as it is
+        made. ``on_audio`` returns True to stop the synthesis there."""
+        with self.lock:
+            self._configure(voice, rate, pitch, pitch_range)
+            self._sink = on_audio
+            try:
+                data = text.encode("utf-8")
+                rc = self.lib.espeak_Synth(
+                    data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+                )
+            finally:
+                self._sink = None
+        if rc not in (0, 1):  # 1: EE_BUFFER_FULL, which an aborting callback may lead to
+            raise ConfigError(f"espeak-ng failed to synthesise {text[:40]!r} (error {rc})")
+
     def speak(self, text: str, voice: str, rate: int, pitch: int, pitch_range: int) -> Speech:
         with self.lock:
-            if self.lib.espeak_SetVoiceByName(voice.encode()) != 0:
-                raise ConfigError(f"espeak-ng has no voice {voice!r} (see `espeak-ng --voices`)")
-            self.lib.espeak_SetParameter(_PARAM_RATE, int(rate), 0)
-            self.lib.espeak_SetParameter(_PARAM_PITCH, int(pitch), 0)
-            self.lib.espeak_SetParameter(_PARAM_RANGE, int(pitch_range), 0)
-            self.lib.espeak_SetParameter(_PARAM_VOLUME, 100, 0)
+            self._configure(voice, rate, pitch, pitch_range)
             self._chunks, self._events = [], []
             # espeak draws noise (klatt voices, flutter) from libc rand(): reseed for
             # bit-identical audio from identical arguments.
@@ -152,6 +187,15 @@ _ENGINE: _Engine | None = None
 _ENGINE_LOCK = threading.Lock()
 
 
+def engine() -> _Engine:
+    """The process-wide engine (created on first use)."""
+    global _ENGINE
+    with _ENGINE_LOCK:
+        if _ENGINE is None:
+            _ENGINE = _Engine()
+    return _ENGINE
+
+
 def speak(
     text: str, voice: str = "en-us", rate: int = 175, pitch: int = 50, range_: int = 50
 ) -> Speech:
@@ -167,8 +211,4 @@ def speak(
     Returns:
         The audio at 22050 Hz and the phoneme start samples.
     """
-    global _ENGINE
-    with _ENGINE_LOCK:
-        if _ENGINE is None:
-            _ENGINE = _Engine()
-    return _ENGINE.speak(text, voice, rate, pitch, range_)
+    return engine().speak(text, voice, rate, pitch, range_)

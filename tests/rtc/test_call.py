@@ -41,11 +41,12 @@ def test_twenty_calls_free_everything_they_held() -> None:
     r = run_in_netns("cycles.py", "--cycles", "20")
     assert r["sessions_left"] == 0
     assert r["tracked"] == 21 and r["alive_sessions"] == 0  # every LiveSession was collected
-    assert r["threads"] <= r["base_threads"] + 1
+    assert r["threads"] == r["base_threads"]  # no session thread survives (pool workers aside)
     rss = np.array(r["rss_mb"])
     # memory returns to the baseline: no growth across calls (allocator noise allowed)
     assert rss[-1] - r["base_rss_mb"] < 60
-    assert np.polyfit(np.arange(rss.size), rss, 1)[0] < 1.5  # MB per call
+    # no steady growth: the last calls sit where calls 5-10 sat (the allocator steps, then holds)
+    assert np.median(rss[-5:]) - np.median(rss[5:10]) < 20
 
 
 def test_interrupt_silences_speech_at_once() -> None:
@@ -69,3 +70,12 @@ def test_falling_behind_drops_video_never_audio_and_recovers() -> None:
     assert r["video_frames"] >= 24 * 10
     # lag does not grow: after recovery, latency is back near where it started
     assert r["latency_late_ms"] <= r["latency_early_ms"] + 80
+
+
+def test_mouth_moves_with_speech_and_rests_in_silence() -> None:
+    from pipeline.models.registry import installed_weights
+
+    if installed_weights() is None:
+        pytest.skip("needs the trained default weights (issue 3): random weights draw no mouth")
+    r = run_in_netns("mouth.py", timeout=600)
+    assert r["speech_motion"] > 2 * r["silence_motion"]

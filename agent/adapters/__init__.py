@@ -1,0 +1,1 @@
+"""Adapters for voice-agent frameworks (optional extras: ``talkloop[livekit]``, ``talkloop[pipecat]``)."""

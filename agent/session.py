@@ -1,0 +1,443 @@
+"""AvatarSession: the avatar as voice-agent frameworks expect it, in-process, no WebRTC needed.
+
+    push_audio(AudioFrame) / end_of_segment() / clear_buffer()      (agent TTS in, any rate)
+        -> resample to the pipeline rate -> AudioDriver (real-time blocks, segments, microphone)
+        -> pipeline Session.push_audio -> generation thread (Session.run_live)
+        -> FrameQueueSink (bounded, drops the oldest)  -> next_video()  (paced by the MediaClock)
+        -> PlayoutBuffer (the same driving audio)       -> next_audio()  (same clock)
+    playback events (started, finished with position) come from next_audio(): "played" means
+    emitted by the audio output, never merely queued.
+
+Consume the output either with ``async for item in session`` (video frames, audio frames and
+playback events in media order) or with ``next_video()`` / ``next_audio()`` from two consumers
+(the WebRTC tracks do this); not both.
+
+Interrupting (``clear_buffer``) drops every unplayed sample of every queued segment, silences the
+driving audio from the next sample the audio output will emit, and withholds the frames that were
+already generated from the dropped audio: the video holds its last frame until frames made from
+the silence that replaced it arrive (at most the playout delay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+import av
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent.clock import Clock, Lateness, MediaClock, RealClock, av_offset_ms
+from agent.driver import AudioDriver
+from agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
+from pipeline.core.errors import BusyError, SessionClosedError
+from pipeline.core.pipeline import Pipeline, Session
+from pipeline.outputs.queue import FrameQueueSink, LiveFrame
+
+log = logging.getLogger("talkloop.agent")
+
+BLOCK_S = 0.02  # driver tick and audio output frame: 20 ms, what WebRTC and Opus use
+MAX_CUTS = 64  # interrupts remembered for withholding frames (older frames are long gone)
+
+
+class AvatarConfig(BaseModel):
+    """Settings of a live avatar session (the chunk schedule is in the root config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    playout_delay_ms: int = Field(
+        450, ge=50, le=5000, description="driving audio -> playout; must cover one chunk + compute"
+    )
+    queue_seconds: float = Field(2.0, gt=0, le=30, description="published frames held at most")
+    max_mic_backlog_ms: int = Field(200, ge=20, le=5000)
+    max_lag_ms: int = Field(
+        1000, ge=100, le=60000, description="generation this far behind skips whole chunks"
+    )
+    max_pending_speech_s: float = Field(
+        120.0, gt=0, le=3600, description="speech queued ahead of playback at most (backpressure)"
+    )
+
+
+class _Resampler:
+    """Streaming resampler for one input rate (stateful: no seams between frames)."""
+
+    def __init__(self, from_rate: int, to_rate: int) -> None:
+        self.rate = from_rate
+        self._r = av.AudioResampler(format="flt", layout="mono", rate=to_rate)
+
+    def push(self, mono: np.ndarray) -> np.ndarray:
+        frame = av.AudioFrame.from_ndarray(mono[None, :], format="flt", layout="mono")
+        frame.sample_rate = self.rate
+        return self._collect(self._r.resample(frame))
+
+    def flush(self) -> np.ndarray:
+        return self._collect(self._r.resample(None))
+
+    @staticmethod
+    def _collect(frames: list[av.AudioFrame]) -> np.ndarray:
+        if not frames:
+            return np.zeros(0, np.float32)
+        return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32)
+
+
+class AvatarSession:
+    """One avatar: speech in, paced lip-synced video and the same audio out.
+
+    Args:
+        pipeline: a loaded pipeline (modules are shared between sessions).
+        reference: (H, W, 3) uint8 avatar image; also the idle frame before the first one.
+        prompt: initial style prompt.
+        config: live settings.
+        clock: time source; ``ManualClock`` in tests.
+        name: used in thread names and logs.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        reference: np.ndarray,
+        prompt: str = "",
+        config: AvatarConfig | None = None,
+        clock: Clock | None = None,
+        name: str = "avatar",
+    ) -> None:
+        self.config = config = config or AvatarConfig()
+        self.pipeline = pipeline
+        self.name = name
+        info = self.info = pipeline.info
+        self.sample_rate = info.sample_rate
+        self.frames = FrameQueueSink(
+            max(1, int(config.queue_seconds * info.fps)), policy="drop_oldest"
+        )
+        self.session: Session = pipeline.open_session(reference, prompt, [self.frames])
+        self.clock: Clock = clock or RealClock()
+        self.media = MediaClock(info.sample_rate, config.playout_delay_ms / 1000, self.clock)
+        self.block = int(round(BLOCK_S * info.sample_rate))
+        self.driver = AudioDriver(
+            self._push,
+            self.media,
+            info.sample_rate,
+            block=self.block,
+            max_mic_backlog_s=config.max_mic_backlog_ms / 1000,
+            playout_s=max(4.0, 4 * config.playout_delay_ms / 1000),
+            max_pending_s=config.max_pending_speech_s,
+        )
+        self.listeners: list[Callable[[PlaybackEvent], None]] = []
+        self._resamplers: dict[str, _Resampler] = {}  # per source
+        self._say_tasks: set[asyncio.Task] = set()
+        self._cuts: dict[int, int] = {}  # audio epoch -> first sample it silenced
+        self._epoch = 0
+        self._audio_next = 0  # next sample the audio output emits
+        self._video_next = 0  # next frame index the video output emits
+        self._pending: LiveFrame | None = None
+        self._last_rgb = reference
+        self.frames_sent = self.late_frames = self.dropped_frames = self.withheld_frames = 0
+        self.video_lateness, self.audio_lateness = Lateness(), Lateness()
+        self.driving_dropped_samples = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._generate, name=f"gen-{name[:6]}", daemon=True)
+        self._tasks: list[asyncio.Task] = []
+        self.closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start generating and producing driving audio (call on the event loop). Idempotent."""
+        if self._thread.is_alive() or self.closed or self._tasks:
+            return
+        self.driver.produce_due(self.clock.now())  # anchors the media clock now
+        self._thread.start()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._tick()))
+
+    async def close(self) -> None:
+        """Stop everything and release what the session held. Idempotent."""
+        self.closed = True
+        self._stop.set()
+        for task in [*self._tasks, *self._say_tasks]:
+            task.cancel()
+        for task in [*self._tasks, *self._say_tasks]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        self.frames.abort()  # wakes a generation step blocked on the queue, drops held frames
+        if self._thread.is_alive():
+            await asyncio.to_thread(self._thread.join)
+        # Drop references so tensors, frames and audio buffers are freed now, not at GC time.
+        self.session.state = type(self.session.state)()
+        self._pending = None
+        self.listeners.clear()
+
+    # -- input -------------------------------------------------------------------------------------
+
+    def push_audio(self, frame: AudioFrame, label: str | None = None, source: str = "") -> int:
+        """Queue speech audio (any supported rate, mono or stereo) on ``source``'s open segment.
+
+        Returns:
+            The segment id (the one playback events report).
+
+        Raises:
+            AudioFormatError: the frame's declaration does not fit its bytes.
+            BusyError: more than ``max_pending_speech_s`` is queued; the frame is dropped.
+            SessionClosedError: the session was closed.
+        """
+        if self.closed:
+            raise SessionClosedError("the avatar session is closed")
+        frame.check()
+        mono = frame.to_mono_float()
+        if frame.sample_rate != self.sample_rate:
+            res = self._resamplers.get(source)
+            if res is None or res.rate != frame.sample_rate:
+                tail = res.flush() if res is not None else np.zeros(0, np.float32)
+                res = self._resamplers[source] = _Resampler(frame.sample_rate, self.sample_rate)
+                mono = np.concatenate([tail, res.push(mono)])
+            else:
+                mono = res.push(mono)
+        elif source in self._resamplers:  # the rate changed to ours: flush the old resampler
+            mono = np.concatenate([self._resamplers.pop(source).flush(), mono])
+        return self.driver.push_speech(mono, label, source)
+
+    def end_of_segment(self, source: str = "") -> None:
+        """The current segment of ``source`` is complete; it finishes when it has played."""
+        res = self._resamplers.pop(source, None)
+        if res is not None:
+            tail = res.flush()
+            if tail.size:
+                with contextlib.suppress(BusyError):
+                    self.driver.push_speech(tail, None, source)
+        self._dispatch(self.driver.end_segment(source))
+
+    def clear_buffer(self) -> list[PlaybackFinished]:
+        """Interrupt: drop all unplayed speech, now. Returns the finished events it caused.
+
+        No sample or frame made from the dropped audio is emitted afterwards; each dropped
+        segment gets ``PlaybackFinished(interrupted=True)`` with the position actually played.
+        """
+        for task in self._say_tasks:
+            task.cancel()
+        self._resamplers.clear()
+        cut = self._audio_next
+        events = self.driver.interrupt(cut)
+        if events:
+            self._epoch = self.session.silence_unconsumed_audio(from_sample=cut)
+            self._cuts[self._epoch] = cut
+            for old in [e for e in self._cuts if e <= self._epoch - MAX_CUTS]:
+                del self._cuts[old]
+        self._dispatch(events)
+        return [e for e in events if isinstance(e, PlaybackFinished)]
+
+    def say(self, text: str, tts: object | None = None) -> asyncio.Task:
+        """Speak ``text`` with the built-in TTS as one segment, streamed as it is synthesised.
+
+        Returns the task feeding it (cancelled by ``clear_buffer``).
+        """
+        from agent.tts import EspeakTTS
+
+        engine = tts if isinstance(tts, EspeakTTS) else EspeakTTS()
+        source = f"say-{id(text)}-{len(self._say_tasks)}"
+
+        async def feed() -> None:
+            try:
+                async for frame in engine.stream(text):
+                    while self.pending_s + frame.duration_s > self.config.max_pending_speech_s:
+                        await self.clock.sleep_until(self.clock.now() + BLOCK_S)
+                    self.push_audio(frame, label=None, source=source)
+            finally:
+                if not self.closed:
+                    self.end_of_segment(source)
+
+        task = asyncio.get_running_loop().create_task(feed())
+        self._say_tasks.add(task)
+        task.add_done_callback(self._say_tasks.discard)
+        return task
+
+    def add_microphone(self, samples: np.ndarray, arrived_at: float | None = None) -> None:
+        """Microphone audio (float32 mono at the session rate); ducked while speech plays."""
+        self.driver.add_mic(samples, arrived_at)
+
+    def set_prompt(self, text: str) -> None:
+        """New style prompt, from the next chunk on."""
+        self.session.set_prompt(text)
+
+    @property
+    def pending_s(self) -> float:
+        """Speech queued and not yet produced (the backpressure measure)."""
+        return self.driver.tts_pending_s
+
+    async def wait_for_room(self, seconds: float = 0.0) -> None:
+        """Wait until ``seconds`` more speech fits under ``max_pending_speech_s``."""
+        limit = max(0.0, self.config.max_pending_speech_s - seconds)
+        while self.pending_s > limit and not self.closed:
+            await self.clock.sleep_until(self.clock.now() + BLOCK_S)
+
+    # -- output ------------------------------------------------------------------------------------
+
+    async def next_audio(self) -> AudioFrame:
+        """The next 20 ms of output audio, returned at its play-out time.
+
+        Raises:
+            SessionClosedError: the session was closed.
+        """
+        await self._wait_started()
+        n = self._audio_next
+        due = self.media.due(n)
+        await self.clock.sleep_until(due)
+        if self.closed:
+            raise SessionClosedError("the avatar session is closed")
+        self.audio_lateness.add(self.clock.now() - due)
+        # Read after the sleep: an interrupt during it has silenced these samples already.
+        samples = self.driver.playout.read(n, self.block)
+        segment = self.driver.segment_of(n)
+        self._audio_next = n + self.block
+        events = self.driver.played(n, self.block)
+        frame = AudioFrame.from_float(samples, self.sample_rate, pts=n, segment_id=segment)
+        self._dispatch(events)
+        return frame
+
+    async def next_video(self) -> VideoFrame:
+        """The next video frame, returned at its play-out time.
+
+        A frame that is not ready when due is replaced by the previous one (``late_frames``); a
+        frame made from interrupted audio is too (``withheld_frames``). Frames that arrive after
+        their time are dropped (``dropped_frames``). So slow generation costs video, never audio.
+
+        Raises:
+            SessionClosedError: the session was closed.
+        """
+        await self._wait_started()
+        j = self._video_next
+        pts = self.info.frame_pts(j)
+        due = self.media.due(pts)
+        await self.clock.sleep_until(due)
+        if self.closed:
+            raise SessionClosedError("the avatar session is closed")
+        self.video_lateness.add(self.clock.now() - due)
+        live = self._take(j)
+        if live is not None and self._withheld(live):
+            live = None
+            self.withheld_frames += 1
+        elif live is None:
+            self.late_frames += 1
+        if live is not None:
+            self._last_rgb = live.rgb
+        self._video_next = j + 1
+        self.frames_sent += 1
+        return VideoFrame(self._last_rgb, j, pts, self.sample_rate, held=live is None)
+
+    async def stream(self) -> AsyncIterator[VideoFrame | AudioFrame | PlaybackEvent]:
+        """Video frames, audio frames and playback events, in media order, paced in real time.
+
+        An event follows the audio frame that caused it (``clear_buffer``'s come next). Ends
+        when the session is closed.
+        """
+        events: deque[PlaybackEvent] = deque()
+        self.listeners.append(events.append)
+        try:
+            while not self.closed:
+                while events:
+                    yield events.popleft()
+                try:
+                    if self._audio_next <= self.info.frame_pts(self._video_next):
+                        yield await self.next_audio()
+                    else:
+                        yield await self.next_video()
+                except SessionClosedError:
+                    return
+        finally:
+            with contextlib.suppress(ValueError):
+                self.listeners.remove(events.append)
+
+    def __aiter__(self) -> AsyncIterator[VideoFrame | AudioFrame | PlaybackEvent]:
+        return self.stream()
+
+    # -- figures -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float | int | str | None]:
+        s = self.session.stats
+        media = max(s.frames / self.info.fps, 1e-9)
+        return {
+            "frames_sent": self.frames_sent,
+            "late_frames": self.late_frames,
+            "dropped_frames": self.dropped_frames + self.frames.dropped_frames,
+            "withheld_frames": self.withheld_frames,
+            "skipped_frames": s.skipped_frames,
+            "frames_generated": s.frames,
+            "rtf": round(s.generate_seconds / media, 3) if s.frames else None,
+            "playout_delay_ms": self.config.playout_delay_ms,
+            "av_offset_ms": av_offset_ms(self.video_lateness, self.audio_lateness),
+            "queue_depth": self.frames.depth,
+            "speech_pending_s": round(self.pending_s, 2),
+            "mic_dropped_ms": round(1000 * self.driver.mic_dropped_samples / self.sample_rate),
+            "error": None if self.error is None else str(self.error),
+        }
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _dispatch(self, events: list[PlaybackEvent]) -> None:
+        for event in events:
+            for listener in list(self.listeners):
+                try:
+                    listener(event)
+                except Exception:  # a broken listener must not break playback
+                    log.exception("%s: playback listener failed", self.name)
+
+    def _withheld(self, live: LiveFrame) -> bool:
+        """True when ``live`` was made from audio that an interrupt dropped before it played."""
+        if live.epoch >= self._epoch:
+            return False
+        cut = self._cuts.get(live.epoch + 1)
+        return cut is None or live.pts >= cut
+
+    def _take(self, j: int) -> LiveFrame | None:
+        """The frame for index ``j`` if it is here; drops frames older than ``j``."""
+        while True:
+            if self._pending is None:
+                try:
+                    self._pending = self.frames.get(timeout=0)
+                except TimeoutError:
+                    return None
+                if self._pending is None:  # the queue was closed
+                    return None
+            if self._pending.index < j:
+                self._pending = None
+                self.dropped_frames += 1
+                continue
+            if self._pending.index == j:
+                frame, self._pending = self._pending, None
+                return frame
+            return None  # a future frame: keep it for later
+
+    async def _wait_started(self) -> None:
+        while not self.media.started:
+            if self.closed:
+                raise SessionClosedError("the avatar session is closed")
+            await asyncio.sleep(0.005)
+
+    async def _tick(self) -> None:
+        """Produce driving blocks on absolute tick times (no drift)."""
+        start = self.clock.now()
+        k = 0
+        while True:
+            self.driver.produce_due(self.clock.now())
+            k += 1
+            await self.clock.sleep_until(start + k * BLOCK_S)
+
+    def _push(self, block: np.ndarray) -> None:
+        try:
+            self.session.push_audio(block, timeout=0)
+        except TimeoutError:  # generation is stalled far behind: never block the event loop
+            self.driving_dropped_samples += block.shape[0]
+        except Exception as err:  # session closed under us
+            if not self._stop.is_set():
+                log.warning("%s: driving audio rejected: %s", self.name, err)
+
+    def _generate(self) -> None:
+        try:
+            self.session.run_live(self._stop, max_lag_s=self.config.max_lag_ms / 1000)
+        except Exception as err:  # ends this session only
+            self.error = err
+            log.exception("%s: generation failed", self.name)

@@ -1,0 +1,18 @@
+"""Fixtures of the agent tests: a tiny pipeline with the live chunk schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.core.config import build_config
+from pipeline.core.pipeline import Pipeline
+from rtc.app import live_config_dict
+
+from support import tiny_config
+
+
+@pytest.fixture(scope="module")
+def live_pipeline(tiny_modules) -> Pipeline:
+    base = tiny_config().model_dump(mode="json")
+    base.pop("schedule")
+    return Pipeline(build_config(**live_config_dict(base)), tiny_modules)

@@ -1,0 +1,212 @@
+"""AvatarSession in-process, paced by a manual clock: speech in faster than real time, paced
+frames and the same audio out, playback positions, interrupts, bad input and backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from agent.clock import ManualClock
+from agent.frames import (
+    AudioFormatError,
+    AudioFrame,
+    PlaybackFinished,
+    PlaybackStarted,
+    VideoFrame,
+)
+from agent.session import AvatarConfig, AvatarSession
+from pipeline.core.errors import BusyError
+
+from support import advance, make_reference
+
+pytestmark = pytest.mark.unit
+
+RATE = 16000
+
+
+def speech_like(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
+    """A voiced-sounding test signal (harmonics with a syllable envelope), float32 mono."""
+    t = np.arange(int(seconds * rate)) / rate
+    env = 0.5 + 0.5 * np.sin(2 * np.pi * 4 * t)
+    x = sum(np.sin(2 * np.pi * f * t + seed) / k for k, f in enumerate((150, 300, 450), 1))
+    return (0.3 * env * x).astype(np.float32)
+
+
+def pcm(x: np.ndarray, rate: int, channels: int = 1) -> AudioFrame:
+    data = np.rint(np.clip(x, -1, 1) * 32767).astype("<i2")
+    if channels == 2:
+        data = np.repeat(data, 2)
+    return AudioFrame(data.tobytes(), rate, channels)
+
+
+def open_session(pipeline, **config) -> tuple[AvatarSession, ManualClock]:
+    clock = ManualClock()
+    cfg = AvatarConfig(playout_delay_ms=400, **config)
+    return AvatarSession(pipeline, make_reference(), config=cfg, clock=clock), clock
+
+
+async def collect(avatar: AvatarSession, clock: ManualClock, out: list) -> None:
+    async for item in avatar:
+        out.append((clock.now(), item))
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 240))
+
+
+def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeline) -> None:
+    speech = speech_like(1.5, RATE)
+
+    async def body():
+        avatar, clock = open_session(live_pipeline)
+        avatar.start()
+        out: list = []
+        consumer = asyncio.create_task(collect(avatar, clock, out))
+        # the whole utterance at once, in 20 ms frames (as a TTS faster than real time does)
+        for i in range(0, speech.shape[0], 320):
+            avatar.push_audio(pcm(speech[i : i + 320], RATE))
+        avatar.end_of_segment()
+        pushed_at = clock.now()
+        await advance(avatar, clock, 2.6)
+        consumer.cancel()
+        await avatar.close()
+        return avatar, out, pushed_at
+
+    avatar, out, pushed_at = run(body())
+    t0 = avatar.media.t0
+    audio = [(t, f) for t, f in out if isinstance(f, AudioFrame)]
+    video = [(t, f) for t, f in out if isinstance(f, VideoFrame)]
+    events = [f for _, f in out if isinstance(f, PlaybackStarted | PlaybackFinished)]
+    # paced: every frame leaves at its media time (within one clock step), never early
+    for t, f in audio + video:
+        due = t0 + f.pts / RATE
+        assert due <= t + 1e-9 < due + 0.01 + 1e-9
+    assert [f.index for _, f in video] == list(range(len(video)))
+    assert [f.pts for _, f in audio] == [320 * k for k in range(len(audio))]
+    assert not any(f.held for _, f in video)  # generation kept up: no repeated frames
+    # the same audio comes back: the segment's samples, in order, starting at playout
+    seg = [f for _, f in audio if f.segment_id == 0]
+    played = np.concatenate([np.frombuffer(f.data, "<i2") for f in seg]).astype(np.float32)
+    sent = np.rint(speech * 32767)
+    assert played.shape[0] == 320 * -(-speech.shape[0] // 320)  # last block padded with silence
+    assert np.abs(played[: sent.shape[0]] - sent).max() <= 1  # PCM16 round trip, 1 LSB
+    assert seg[0].pts == 320  # start() made block 0 (silence); the speech follows it
+    # events: started right after the first segment frame, finished at the full length
+    assert [type(e) for e in events] == [PlaybackStarted, PlaybackFinished]
+    assert events[1].segment_id == 0 and not events[1].interrupted
+    assert events[1].position_ms == int(1000 * speech.shape[0] / RATE)
+    kinds = [type(f) for _, f in out]
+    in_seg = [i for i, (_, f) in enumerate(out) if isinstance(f, AudioFrame) and f.segment_id == 0]
+    first_seg, last_seg = in_seg[0], in_seg[-1]
+    assert kinds[first_seg + 1] is PlaybackStarted
+    assert kinds[last_seg + 1] is PlaybackFinished
+    # it was pushed at once but played in real time: finished ~1.5 s of media later
+    t_finished = out[last_seg + 1][0]
+    assert t_finished - pushed_at == pytest.approx(0.4 + 1.5, abs=0.03)
+
+
+def test_interrupt_reports_the_played_position_and_emits_nothing_of_the_segment(
+    live_pipeline,
+) -> None:
+    speech = speech_like(3.0, 24000)  # OpenAI Realtime rate: resampled inside
+
+    async def body():
+        avatar, clock = open_session(live_pipeline)
+        avatar.start()
+        out: list = []
+        consumer = asyncio.create_task(collect(avatar, clock, out))
+        avatar.push_audio(pcm(speech, 24000), label="item_1")
+        await advance(avatar, clock, 1.3)
+        generated = avatar.session.state.frames_published
+        cut = avatar._audio_next
+        n_before = len(out)
+        finished = avatar.clear_buffer()
+        await advance(avatar, clock, 1.2)
+        consumer.cancel()
+        await avatar.close()
+        return avatar, out, n_before, finished, generated, cut
+
+    avatar, out, n_before, finished, generated, cut = run(body())
+    before, after = out[:n_before], out[n_before:]
+    emitted = sum(
+        len(f.data) // 2 for _, f in before if isinstance(f, AudioFrame) and f.segment_id == 0
+    )
+    assert len(finished) == 1 and finished[0].interrupted and finished[0].label == "item_1"
+    # the position is what the audio output emitted, to the sample (so to the millisecond)
+    assert finished[0].position_s == emitted / RATE
+    assert 0.8 < finished[0].position_s < 1.0  # 1.3 s in, minus the 0.4 s playout delay
+    assert any(isinstance(f, PlaybackFinished) and f.interrupted for _, f in after)
+    # afterwards: no sample of the segment, only silence, and no frame made from its audio
+    after_audio = [f for _, f in after if isinstance(f, AudioFrame)]
+    assert after_audio and all(f.segment_id is None for f in after_audio)
+    assert max(np.abs(np.frombuffer(f.data, "<i2")).max() for f in after_audio) == 0
+    after_video = [f for _, f in after if isinstance(f, VideoFrame)]
+    stale = [f for f in after_video if f.index < generated and f.pts >= cut]
+    assert stale and all(f.held for f in stale)  # generated before the cut: withheld
+    assert avatar.withheld_frames == len(stale)
+    fresh = [f for f in after_video if f.index >= generated]
+    assert fresh and not any(f.held for f in fresh)  # then new frames from the silence
+    held_rgb = {f.rgb.tobytes() for f in stale}
+    assert len(held_rgb) == 1  # a hold of the last frame that was played
+
+
+def test_segment_end_after_the_audio_played_still_finishes(live_pipeline) -> None:
+    """An agent that sends segment_end late (after its audio has played) still gets finished."""
+    speech = speech_like(0.5, RATE)
+
+    async def body():
+        avatar, clock = open_session(live_pipeline)
+        avatar.start()
+        out: list = []
+        consumer = asyncio.create_task(collect(avatar, clock, out))
+        avatar.push_audio(pcm(speech, RATE))
+        await advance(avatar, clock, 1.2)
+        avatar.end_of_segment()
+        await advance(avatar, clock, 0.1)
+        consumer.cancel()
+        await avatar.close()
+        return out
+
+    events = [f for _, f in run(body()) if isinstance(f, PlaybackStarted | PlaybackFinished)]
+    assert [type(e) for e in events] == [PlaybackStarted, PlaybackFinished]
+    assert events[1].position_ms == 500 and not events[1].interrupted
+
+
+def test_bad_audio_is_rejected_with_clear_errors_and_backpressure(live_pipeline) -> None:
+    async def body():
+        avatar, clock = open_session(live_pipeline, max_pending_speech_s=1.0)
+        errors = {}
+        for name, frame in {
+            "odd": AudioFrame(b"\x00\x01\x02", 16000),
+            "rate": AudioFrame(b"\x00\x00", 44),
+            "channels": AudioFrame(b"\x00\x00", 16000, 6),
+            "stereo_odd": AudioFrame(b"\x00\x00", 16000, 2),
+        }.items():
+            with pytest.raises(AudioFormatError) as err:
+                avatar.push_audio(frame)
+            errors[name] = str(err.value)
+        avatar.push_audio(pcm(speech_like(0.8, 48000), 48000, channels=2))  # stereo 48 kHz: fine
+        queued = avatar.pending_s
+        with pytest.raises(BusyError):
+            avatar.push_audio(pcm(speech_like(0.5, RATE), RATE))
+        still = avatar.pending_s
+        avatar.start()
+        await advance(avatar, clock, 0.2)  # 0.6 s still queued: 0.5 s more does not fit
+        waiter = asyncio.create_task(avatar.wait_for_room(0.5))
+        await advance(avatar, clock, 0.05)
+        done_early = waiter.done()
+        await advance(avatar, clock, 0.1)  # queue drained in real time: it fits now
+        await asyncio.wait_for(waiter, 5)
+        avatar.push_audio(pcm(speech_like(0.5, RATE), RATE))  # room again: accepted
+        await avatar.close()
+        return errors, queued, still, done_early
+
+    errors, queued, still, done_early = run(body())
+    assert "whole number" in errors["odd"] and "sample_rate 44" in errors["rate"]
+    assert "mono (1) or stereo (2)" in errors["channels"]
+    assert "whole number" in errors["stereo_odd"]
+    assert queued == pytest.approx(0.8, abs=0.01)  # 48 kHz stereo became 0.8 s at 16 kHz
+    assert still == queued  # the refused frame added nothing
+    assert not done_early  # wait_for_room waited for playback to make room

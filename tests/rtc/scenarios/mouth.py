@@ -1,0 +1,61 @@
+"""With the trained default model: the mouth moves while speech is sent and rests in silence."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from pipeline.assets import HELLO_WAV
+from pipeline.audio.io import load_audio
+from pipeline.core.config import build_config
+from pipeline.core.pipeline import Pipeline
+from pipeline.models.registry import default_reference
+from pipeline.reference import load_reference
+from rtc.app import LIVE_SCHEDULE
+from rtc.client import run_call
+from rtc.live import LiveConfig
+from rtc.server import AvatarServer
+
+from common import HOST, emit
+
+SILENCE_S, SPEECH_S = 3.0, 5.0
+
+
+async def main() -> None:
+    config = build_config(schedule=LIVE_SCHEDULE)
+    pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+    ref = load_reference(default_reference(), 256, 256)
+    server = AvatarServer(pipeline, ref, "", LiveConfig(), 1, "")
+    port = await server.start(HOST, 0)
+    speech = load_audio(HELLO_WAV, 16000)[: int(SPEECH_S * 16000)]
+    mic = np.concatenate(
+        [
+            np.zeros(int(SILENCE_S * 16000), np.float32),
+            speech,
+            np.zeros(int(SILENCE_S * 16000), np.float32),
+        ]
+    )
+    r = await run_call(
+        f"ws://{HOST}:{port}/ws", SILENCE_S * 2 + SPEECH_S + 1.5, mic=mic, keep_frames=10_000
+    )
+    await server.stop()
+    frames = np.stack(r.frames).astype(np.float32)
+    mouth = frames[:, int(0.55 * 256) : int(0.75 * 256), int(0.35 * 256) : int(0.65 * 256)]
+    motion = np.abs(np.diff(mouth, axis=0)).mean(axis=(1, 2, 3))  # per frame pair
+    delay = int((config.video.fps * LiveConfig().playout_delay_ms) / 1000)  # frames of delay
+    fps = config.video.fps
+
+    def window(a: float, b: float) -> float:
+        return float(motion[int(a * fps) : int(b * fps)].mean())
+
+    emit(
+        {
+            "silence_motion": window(1.0, SILENCE_S - 0.5),
+            "speech_motion": window(SILENCE_S + 0.5, SILENCE_S + SPEECH_S - 0.5),
+            "delay_frames": delay,
+        }
+    )
+
+
+asyncio.run(main())
