@@ -25,7 +25,7 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import av
 import numpy as np
@@ -37,6 +37,7 @@ from agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
 from pipeline.core.errors import BusyError, SessionClosedError
 from pipeline.core.pipeline import Pipeline, Session
 from pipeline.outputs.queue import FrameQueueSink, LiveFrame
+from pipeline.outputs.sink import Sink
 
 log = logging.getLogger("talkloop.agent")
 
@@ -94,6 +95,7 @@ class AvatarSession:
         config: live settings.
         clock: time source; ``ManualClock`` in tests.
         name: used in thread names and logs.
+        mirrors: extra sinks that get a copy of the stream (e.g. a KvsSink); they must not block.
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class AvatarSession:
         config: AvatarConfig | None = None,
         clock: Clock | None = None,
         name: str = "avatar",
+        mirrors: Sequence[Sink] = (),
     ) -> None:
         self.config = config = config or AvatarConfig()
         self.pipeline = pipeline
@@ -113,7 +116,11 @@ class AvatarSession:
         self.frames = FrameQueueSink(
             max(1, int(config.queue_seconds * info.fps)), policy="drop_oldest"
         )
-        self.session: Session = pipeline.open_session(reference, prompt, [self.frames])
+        # Mirrors (a KVS copy) get every published segment too; they never block (their contract).
+        self.mirrors = list(mirrors)
+        self.session: Session = pipeline.open_session(
+            reference, prompt, [self.frames, *self.mirrors]
+        )
         self.clock: Clock = clock or RealClock()
         self.media = MediaClock(info.sample_rate, config.playout_delay_ms / 1000, self.clock)
         self.block = int(round(BLOCK_S * info.sample_rate))
@@ -373,6 +380,7 @@ class AvatarSession:
             "speech_pending_s": round(self.pending_s, 2),
             "mic_dropped_ms": round(1000 * self.driver.mic_dropped_samples / self.sample_rate),
             "error": None if self.error is None else str(self.error),
+            "mirrors": [m.status.line() for m in self.mirrors if hasattr(m, "status")],
         }
 
     # -- internals ---------------------------------------------------------------------------------

@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and connections")
     add_video_args(sv)
     add_model_args(sv)
+    from pipeline.outputs.kvs.args import add_kvs_args as add_serve_kvs_args
+
+    add_serve_kvs_args(sv)
 
     b = sub.add_parser("bench", help="measure ttff, rtf, fps and memory against a naive baseline")
     from pipeline.bench.run import add_bench_args, add_live_args
@@ -207,9 +210,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
         else LiveConfig(playout_delay_ms=args.playout_delay_ms)
     )
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server installs its own handlers
+    from pipeline.outputs.kvs.args import kvs_sink_from_args
+
+    kvs_sink_from_args(args)  # bad --kvs-* flags fail now, before the server starts
+
+    def mirrors() -> list:
+        """One KVS mirror per session (a session's stream goes to the KVS stream)."""
+        sink = kvs_sink_from_args(args)
+        return [sink] if sink is not None else []
+
     asyncio.run(
         serve_forever(
-            config, reference, args.prompt, args.host, args.port, args.max_sessions, live, notice
+            config,
+            reference,
+            args.prompt,
+            args.host,
+            args.port,
+            args.max_sessions,
+            live,
+            notice,
+            mirror_factory=mirrors if args.kvs_stream else None,
         )
     )
     return 0

@@ -46,13 +46,16 @@ async def serve_forever(
     max_sessions: int,
     live: LiveConfig,
     notice: str,
+    mirror_factory=None,
 ) -> None:
     pipeline = await asyncio.to_thread(Pipeline.from_config, config)
     # Load the text encoder now (seconds), not when the first prompt arrives mid-call.
     text = pipeline.modules.get("text_encoder")
     if text is not None and hasattr(text.net, "load"):
         await asyncio.to_thread(text.net.load)
-    server = AvatarServer(pipeline, reference, prompt, live, max_sessions, notice)
+    server = AvatarServer(
+        pipeline, reference, prompt, live, max_sessions, notice, mirror_factory=mirror_factory
+    )
     bound = await server.start(host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     print(

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import av
@@ -24,6 +25,7 @@ from pydantic import Field
 from agent.session import AvatarConfig, AvatarSession
 from pipeline.audio.io import pcm16_to_float
 from pipeline.core.pipeline import Pipeline, Session
+from pipeline.outputs.sink import Sink
 from rtc.tracks import AvatarAudioTrack, AvatarVideoTrack, stamp_bits
 
 
@@ -45,11 +47,12 @@ class LiveSession:
         prompt: str,
         live: LiveConfig,
         token: str,
+        mirrors: Sequence[Sink] = (),
     ) -> None:
         self.token = token
         self.live = live
         self.pipeline = pipeline
-        self.avatar = AvatarSession(pipeline, reference, prompt, live, name=token)
+        self.avatar = AvatarSession(pipeline, reference, prompt, live, name=token, mirrors=mirrors)
         self.audio_track = AvatarAudioTrack(self.avatar)
         stamp = self._stamp if live.stamp_frames else None
         self.video_track = AvatarVideoTrack(self.avatar, stamp)

@@ -34,6 +34,7 @@ from agent.frames import PlaybackEvent, PlaybackStarted
 from agent.protocol import AgentChannel, event_message
 from pipeline.core.errors import TalkloopError
 from pipeline.core.pipeline import Pipeline
+from pipeline.outputs.sink import Sink
 from rtc.live import LiveConfig, LiveSession
 from rtc.peer import Peer
 from rtc.protocol import ProtocolError, error, parse_message
@@ -67,6 +68,7 @@ class AvatarServer:
         live: live-call settings.
         max_sessions: concurrent sessions at most; more get a "busy" error.
         notice: a line shown on the page (e.g. that no trained weights are installed).
+        mirror_factory: makes the mirror sinks of a new session (e.g. a KVS copy), or None.
     """
 
     def __init__(
@@ -78,8 +80,10 @@ class AvatarServer:
         max_sessions: int = 1,
         notice: str = "",
         web_dir: Path = WEB_DIR,
+        mirror_factory: Callable[[], list[Sink]] | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.mirror_factory = mirror_factory
         self.reference = reference
         self.prompt = prompt
         self.live = live or LiveConfig()
@@ -149,8 +153,9 @@ class AvatarServer:
         self._pending += 1
         try:
             token = secrets.token_urlsafe(16)
+            mirrors = self.mirror_factory() if self.mirror_factory else []
             live = await asyncio.to_thread(
-                LiveSession, self.pipeline, self.reference, self.prompt, self.live, token
+                LiveSession, self.pipeline, self.reference, self.prompt, self.live, token, mirrors
             )
         except Exception as err:
             log.exception("could not open a session")
