@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -294,16 +295,7 @@ class AudioDriver:
             if seg.queued == 0:
                 return None, None, False  # the agent is slower than real time: silence for now
             out = np.zeros(n, dtype=np.float32)
-            got = 0
-            while seg.queue and got < n:
-                head = seg.queue[0]
-                k = min(n - got, head.shape[0])
-                out[got : got + k] = head[:k]
-                got += k
-                if k == head.shape[0]:
-                    seg.queue.popleft()
-                else:
-                    seg.queue[0] = head[k:]
+            got = _fill(out, seg.queue)
             seg.queued -= got
             seg.produced += got
             last = seg.ended and seg.queued == 0
@@ -317,15 +309,30 @@ class AudioDriver:
             return None, None
         arrived = self._mic[0][1]
         out = np.zeros(n, dtype=np.float32)
-        got = 0
-        while self._mic and got < n:
-            head, t = self._mic[0]
-            k = min(n - got, head.shape[0])
-            out[got : got + k] = head[:k]
-            got += k
-            if k == head.shape[0]:
-                self._mic.popleft()
-            else:
-                self._mic[0] = (head[k:], t)
+        got = _fill(out, self._mic, lambda e: e[0], lambda e, rest: (rest, e[1]))
         self._mic_len -= got
         return out, arrived
+
+
+def _fill(
+    out: np.ndarray,
+    queue: deque,
+    samples: Callable[[Any], np.ndarray] = lambda e: e,
+    rest: Callable[[Any, np.ndarray], Any] = lambda e, r: r,
+) -> int:
+    """Move samples from the front of ``queue`` into ``out``; returns how many were moved.
+
+    ``samples`` gets the array out of a queue entry and ``rest`` builds the entry that stays
+    when only part of one was taken (entries may carry more than samples, e.g. arrival times).
+    """
+    got, n = 0, out.shape[0]
+    while queue and got < n:
+        head = samples(queue[0])
+        k = min(n - got, head.shape[0])
+        out[got : got + k] = head[:k]
+        got += k
+        if k == head.shape[0]:
+            queue.popleft()
+        else:
+            queue[0] = rest(queue[0], head[k:])
+    return got

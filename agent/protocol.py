@@ -60,6 +60,27 @@ class ProtocolError(InputError):
         self.code = code
 
 
+def decode_message(raw: str, types: tuple[str, ...]) -> dict[str, Any]:
+    """JSON text -> a message dict whose ``type`` is one of ``types``; ProtocolError otherwise.
+
+    Shared by the page protocol (rtc/protocol.py) and the agent protocol.
+    """
+    try:
+        msg = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ProtocolError(
+            "bad_json", f"message is not valid JSON: {err.msg} at position {err.pos}"
+        ) from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError("bad_message", 'a message must be a JSON object with a string "type"')
+    if msg["type"] not in types:
+        raise ProtocolError(
+            "unknown_type",
+            f"unknown message type {msg['type'][:60]!r} (expected one of: {', '.join(types)})",
+        )
+    return msg
+
+
 def error(code: str, message: str) -> str:
     return json.dumps({"type": "error", "code": code, "message": message})
 
@@ -109,7 +130,7 @@ class AgentChannel:
                 )
             self._audio(AudioFrame(bytes(raw), self.rate, self.channels))
             return
-        msg = self._parse(raw)
+        msg = decode_message(raw, AGENT_TYPES)
         kind = msg["type"]
         if kind == "audio_format":
             rate, channels = msg.get("sample_rate"), msg.get("channels", 1)
@@ -169,26 +190,6 @@ class AgentChannel:
             raise ProtocolError(
                 "busy", f"{err}; the rest of this segment is dropped until segment_end"
             ) from None
-
-    @staticmethod
-    def _parse(raw: str) -> dict[str, Any]:
-        try:
-            msg = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise ProtocolError(
-                "bad_json", f"message is not valid JSON: {err.msg} at position {err.pos}"
-            ) from None
-        if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
-            raise ProtocolError(
-                "bad_message", 'a message must be a JSON object with a string "type"'
-            )
-        if msg["type"] not in AGENT_TYPES:
-            raise ProtocolError(
-                "unknown_type",
-                f"unknown message type {msg['type'][:60]!r} "
-                f"(expected one of: {', '.join(AGENT_TYPES)})",
-            )
-        return msg
 
     @staticmethod
     def _b64(msg: dict[str, Any], field: str) -> bytes:

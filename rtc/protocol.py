@@ -20,10 +20,9 @@ protocol (``agent/protocol.py``, ``docs/agents.md``).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from agent.protocol import ProtocolError, error
+from agent.protocol import ProtocolError, decode_message, error
 
 __all__ = ["CLIENT_TYPES", "ProtocolError", "error", "parse_message"]
 
@@ -35,20 +34,8 @@ def parse_message(raw: str | bytes) -> dict[str, Any]:
     """Decode and check one client message; raises ProtocolError naming what is wrong."""
     if isinstance(raw, bytes):
         raise ProtocolError("bad_message", "binary messages are not accepted here; send JSON text")
-    try:
-        msg = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ProtocolError(
-            "bad_json", f"message is not valid JSON: {err.msg} at position {err.pos}"
-        ) from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
-        raise ProtocolError("bad_message", 'a message must be a JSON object with a string "type"')
+    msg = decode_message(raw, CLIENT_TYPES)
     kind = msg["type"]
-    if kind not in CLIENT_TYPES:
-        raise ProtocolError(
-            "unknown_type",
-            f"unknown message type {kind!r} (expected one of: {', '.join(CLIENT_TYPES)})",
-        )
     if kind == "offer":
         _require_str(msg, "sdp", 200_000)
     elif kind in ("say", "prompt"):
