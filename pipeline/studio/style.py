@@ -157,6 +157,12 @@ def _bank_part(phrases: tuple[str, ...], held_out: bool) -> tuple[str, ...]:
     return phrases[cut:] if held_out else phrases[:cut]
 
 
+def field_phrases(field: str, high: bool, held_out: bool) -> tuple[str, ...]:
+    """The phrases for one end of one style field (e.g. smiling: ``("smile", True, ...)``)."""
+    low, hi = _BANK[field]
+    return _bank_part(hi if high else low, held_out)
+
+
 def phrase_bank(held_out: bool) -> set[str]:
     """Every phrase a prompt may use in that half (for tests and audits)."""
     out: set[str] = set()

@@ -110,6 +110,7 @@ def flow_matching_loss(
     given_noise_max: float = 0.05,
     audio_drop_prob: float = 0.0,
     text_drop_prob: float = 0.0,
+    text_present: Tensor | None = None,
 ) -> Tensor:
     """Rectified-flow loss on the generated frames.
 
@@ -121,6 +122,8 @@ def flow_matching_loss(
     Args:
         x0: (B, F, C, h, w) clean low-res latents. given_mask: (B, F) bool. Others as
             :meth:`A2VDiT.forward`. generator: draws every random number (reproducible).
+        text_present: optional (B,) bool; False marks samples without a prompt, which always
+            get the null text embedding (what inference uses for an empty prompt).
     Returns:
         Scalar float32 MSE between predicted and target velocity over generated positions.
     """
@@ -135,6 +138,8 @@ def flow_matching_loss(
     xt = (1.0 - tt) * x0 + tt * eps
     audio_keep = torch.rand(b, generator=generator, device=dev) >= audio_drop_prob
     text_keep = torch.rand(b, generator=generator, device=dev) >= text_drop_prob
+    if text_present is not None:
+        text_keep = text_keep & text_present
     v = model(xt, t, pos, ref, audio, text, audio_keep=audio_keep, text_keep=text_keep).float()
     err = (v - (eps - x0)).square().mean(dim=(2, 3, 4))  # (B, F)
     gen = (~given_mask).float()

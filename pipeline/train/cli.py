@@ -1,0 +1,86 @@
+"""``talkloop train`` and ``talkloop eval``: argument parsing only; the work is elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.core.errors import ConfigError
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``train``."""
+    t = sub.add_parser("train", help="train the studio family on synthetic talking faces")
+    t.add_argument("--out", type=Path, required=True, help="weights + checkpoint folder")
+    t.add_argument("--preset", choices=["default", "tiny"], default="default")
+    t.add_argument("--data", type=Path, help="studio clips (index.jsonl); default: generate")
+    t.add_argument("--clips", type=int, help="clips to generate when --data is not given")
+    t.add_argument("--steps-vae", type=int, help="VAE steps (recipe default otherwise)")
+    t.add_argument("--steps-a2v", type=int, help="audio encoder + A2V steps")
+    t.add_argument("--steps-sr", type=int, help="SR steps")
+    t.add_argument("--steps-readout", type=int, help="readout (eval) steps")
+    t.add_argument("--minutes", type=float, help="wall-clock budget for the training phases")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``eval`` (model options come from the shared model arguments)."""
+    from pipeline.cli import add_model_args, add_video_args
+
+    e = sub.add_parser("eval", help="score weights on held-out studio clips (JSON + PNG)")
+    e.add_argument("--out", type=Path, required=True, help="folder for eval.json and eval.png")
+    e.add_argument("--clips", type=int, default=4, help="test clips for lip sync and seams")
+    e.add_argument("--minutes", type=float, default=1.0, help="length of the drift generation")
+    e.add_argument("--quiet", action="store_true", help="no progress output")
+    add_video_args(e)
+    add_model_args(e)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Run ``talkloop train``."""
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.trainer import train
+
+    cfg = TrainConfig.recipe(args.preset)
+    updates: dict[str, object] = {"seed": args.seed}
+    if args.clips is not None:
+        if args.clips < 1:
+            raise ConfigError(f"--clips must be >= 1, got {args.clips}")
+        updates["clips"] = args.clips
+    if args.minutes is not None:
+        if args.minutes <= 0:
+            raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
+        updates["minutes"] = args.minutes
+    for phase in ("vae", "a2v", "sr", "readout"):
+        steps = getattr(args, f"steps_{phase}")
+        if steps is not None:
+            if steps < 0:
+                raise ConfigError(f"--steps-{phase} must be >= 0, got {steps}")
+            updates[phase] = getattr(cfg, phase).model_copy(update={"steps": steps})
+    cfg = TrainConfig.model_validate({**cfg.model_dump(), **updates})
+    if args.data is not None and not (args.data / "index.jsonl").is_file():
+        raise ConfigError(f"--data {args.data} has no index.jsonl (see `talkloop studio dataset`)")
+    out = train(cfg, args.out, args.data, resume=args.resume, progress=not args.quiet)
+    print(f"wrote weights to {out} (use: talkloop render --weights {out} ...)")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Run ``talkloop eval``."""
+    from pipeline.cli import config_from_args
+    from pipeline.train.evaluate import evaluate
+
+    if args.clips < 1:
+        raise ConfigError(f"--clips must be >= 1, got {args.clips}")
+    if args.minutes <= 0:
+        raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
+    config = config_from_args(args)
+    result = evaluate(
+        config, args.out, clips=args.clips, minutes=args.minutes, progress=not args.quiet
+    )
+    keys = ("lipsync_corr", "lipsync_lag_ms", "seam_ratio", "seam_ratio_no_i", "identity_drift")
+    print("  ".join(f"{k}={result[k]:.3g}" for k in keys if result.get(k) is not None))
+    print(f"wrote {args.out / 'eval.json'} and {args.out / 'eval.png'}")
+    return 0

@@ -1,0 +1,84 @@
+"""Training recipe: steps, batch sizes and learning rates of every phase (one pydantic model).
+
+The default recipe is sized from step times measured on the 2-core CPU (bf16 autocast) so the
+whole run, data generation included, takes about 3 hours; ``tiny`` is the smoke-test recipe.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PHASES = ("vae", "a2v", "sr", "readout")
+
+
+class PhaseConfig(BaseModel):
+    """One optimisation phase: AdamW, linear warm-up then cosine decay to ``lr * final_frac``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(ge=0, le=10_000_000)
+    batch: int = Field(ge=1, le=4096, description="samples per step (A2V: frames per step)")
+    lr: float = Field(gt=0.0, le=1.0)
+    warmup: int = Field(100, ge=0)
+    final_frac: float = Field(0.1, ge=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    clip_grad: float = Field(1.0, gt=0.0)
+
+
+class TrainConfig(BaseModel):
+    """Everything ``talkloop train`` needs besides the network sizes (``StudioConfig``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: Literal["default", "tiny"] = "default"
+    size: int = Field(256, ge=32, le=1024, description="frame side of the training clips")
+    clips: int = Field(400, ge=1, description="training clips generated when --data is not given")
+    seed: int = Field(0, ge=0)
+    vae: PhaseConfig = PhaseConfig(steps=8000, batch=8, lr=4e-4)
+    a2v: PhaseConfig = PhaseConfig(steps=8000, batch=192, lr=3e-4, warmup=300)
+    sr: PhaseConfig = PhaseConfig(steps=4000, batch=24, lr=4e-4)
+    readout: PhaseConfig = PhaseConfig(steps=1500, batch=64, lr=1e-3, warmup=50)
+    # VAE: windows of consecutive frames kept per clip (the decoder is causal over cache_frames).
+    vae_windows_per_clip: int = Field(4, ge=1, le=64)
+    vae_decode_frames: int = Field(2, ge=1, le=16, description="decoded frames per window")
+    vae_crop: int = Field(128, ge=32, le=1024, description="VAE trains on crops this wide")
+    kl_weight: float = Field(1e-5, ge=0.0, description="KL per latent element vs mean L1")
+    grad_weight: float = Field(0.5, ge=0.0, description="image-gradient L1 vs pixel L1")
+    # A2V: mask patterns (DESIGN.md section 5) and conditioning dropout.
+    p_first: float = Field(0.2, ge=0.0, le=1.0, description="share of N0 steps (no given frames)")
+    p_interp: float = Field(0.3, ge=0.0, le=1.0, description="share of I-chunk steps")
+    max_ctx: int = Field(2, ge=1, le=16, description="most motion-context frames")
+    max_gen: int = Field(24, ge=2, le=256, description="most generated frames of an N step")
+    max_interior: int = Field(4, ge=1, le=64, description="most interior frames of an I step")
+    given_noise_max: float = Field(0.05, ge=0.0, le=0.5)
+    audio_drop: float = Field(0.15, ge=0.0, le=1.0)
+    text_drop: float = Field(0.2, ge=0.0, le=1.0)
+    # SR: the low-res input is noised so SR learns to fix small A2V errors.
+    sr_input_noise: float = Field(0.1, ge=0.0, le=1.0)
+    checkpoint_every: int = Field(200, ge=1)
+    log_every: int = Field(10, ge=1)
+    minutes: float | None = Field(None, gt=0.0, description="wall-clock budget for all phases")
+
+    @classmethod
+    def recipe(cls, preset: str = "default", **overrides: object) -> TrainConfig:
+        """The recipe for a network preset; ``overrides`` replace top-level fields."""
+        if preset == "tiny":
+            base = cls(
+                preset="tiny",
+                size=64,
+                clips=4,
+                vae=PhaseConfig(steps=30, batch=2, lr=2e-3, warmup=0),
+                a2v=PhaseConfig(steps=30, batch=24, lr=2e-3, warmup=0),
+                sr=PhaseConfig(steps=30, batch=8, lr=2e-3, warmup=0),
+                readout=PhaseConfig(steps=30, batch=16, lr=3e-3, warmup=0),
+                vae_windows_per_clip=2,
+                max_gen=6,
+                max_interior=2,
+                checkpoint_every=10,
+                log_every=5,
+            )
+        else:
+            base = cls()
+        return base.model_copy(update=overrides) if overrides else base

@@ -1,0 +1,254 @@
+"""Training data: studio clips on disk -> the arrays every phase samples from.
+
+Clips are read once for the pixel phases (a bank of short frame windows for the VAE and the
+readout) and once more after VAE training to encode every frame (A2V and SR train on latents).
+Frames of whole clips never stay in memory: 400 clips at 256x256 would be ~13 GB.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pipeline.core.clock import frame_start_sample
+from pipeline.studio.dataset import Clip, load_clip, make_clip, region_weights, write_clip
+from pipeline.studio.params import FrameParams
+from pipeline.studio.renderer import Renderer
+
+
+def clip_paths(folder: Path) -> list[Path]:
+    """Clip bases (no suffix) listed in ``folder/index.jsonl``, in index order."""
+    index = folder / "index.jsonl"
+    if not index.is_file():
+        raise FileNotFoundError(f"{index} not found: write clips with `talkloop studio dataset`")
+    rows = [json.loads(line) for line in index.read_text().splitlines() if line.strip()]
+    return [folder / r["clip_id"] for r in rows]
+
+
+def _write_one(job: tuple[str, int, int, int, str]) -> dict[str, object]:
+    split, index, seed, size, folder = job
+    clip = make_clip(split, index, seed, size=size)
+    write_clip(clip, folder)
+    return {"clip_id": clip.clip_id, "frames": clip.num_frames, "prompt": clip.prompt}
+
+
+def ensure_dataset(
+    folder: Path,
+    clips: int,
+    size: int,
+    seed: int,
+    split: str = "train",
+    workers: int = 2,
+    progress: Callable[[int], None] | None = None,
+) -> Path:
+    """Write ``clips`` clips of ``split`` to ``folder`` unless its index already lists them.
+
+    Clip generation is CPU-bound Python + espeak (~1.4 s a 165-frame clip per core), so it runs
+    in ``workers`` processes; the index is written last, so a half-written folder is redone.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    index = folder / "index.jsonl"
+    if index.is_file() and len(index.read_text().splitlines()) >= clips:
+        return folder
+    jobs = [(split, i, seed, size, str(folder)) for i in range(clips)]
+    rows: list[dict[str, object]] = []
+    if workers > 1:
+        with mp.get_context("spawn").Pool(workers) as pool:
+            for row in pool.imap(_write_one, jobs):
+                rows.append(row)
+                if progress:
+                    progress(len(rows))
+    else:
+        for job in jobs:
+            rows.append(_write_one(job))
+            if progress:
+                progress(len(rows))
+    index.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def audio_windows(
+    audio: np.ndarray, frames: int, fps: int, sample_rate: int, window: int, lookahead: int
+) -> Tensor:
+    """(T, window) raw windows, frame j's ending ``lookahead`` samples after its interval.
+
+    Exactly what ``Session._windows`` feeds the audio encoder: zeros outside the audio.
+    """
+    ends = np.array(
+        [frame_start_sample(j + 1, fps, sample_rate) + lookahead for j in range(frames)]
+    )
+    pad_left = window
+    padded = np.concatenate(
+        [np.zeros(pad_left, np.float32), audio, np.zeros(lookahead + window, np.float32)]
+    )
+    idx = (ends - window + pad_left)[:, None] + np.arange(window)[None]
+    return torch.from_numpy(padded[idx])  # (T, window)
+
+
+def neutral_boxes(clip: Clip, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Face and mouth boxes ``(4,)`` of the character's neutral pose (what the reference shows)."""
+    face, mouth, _ = Renderer(clip.character, size).boxes(FrameParams.neutral(1))
+    return face[0], mouth[0]
+
+
+def mouth_crop_box(face: np.ndarray, mouth: np.ndarray) -> np.ndarray:
+    """Square crop ``(cx, cy, side)`` around the neutral mouth, wide enough for head motion."""
+    cx, cy = (mouth[0] + mouth[2]) / 2, (mouth[1] + mouth[3]) / 2
+    side = 0.75 * (face[2] - face[0])
+    return np.array([cx, cy, side], np.float32)
+
+
+@dataclass
+class ClipArrays:
+    """One clip reduced to what the latent phases sample from (all per frame, T frames)."""
+
+    clip_id: str
+    mel: Tensor  # (T, n_mels, n_steps) float32, streaming-normalised from the clip start
+    mouth_open: np.ndarray  # (T,) float32
+    smile: np.ndarray  # (T,) float32
+    prompt: str
+    crop: np.ndarray  # (3,) mouth crop (cx, cy, side) in pixels
+    weights_lr: Tensor  # (T, 1, h, w) float16 region weights at latent resolution
+    latents: Tensor | None = None  # (T, C, h, w) float16 scaled VAE latents
+    ref_latent: Tensor | None = None  # (C, h, w) float32 scaled latent of the reference
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.mel.shape[0])
+
+
+@dataclass
+class PixelBank:
+    """Short windows of consecutive frames for the VAE and the readout."""
+
+    frames: Tensor  # (N, W, H, W, 3) uint8
+    weights: Tensor  # (N, W, H, W) uint8 region weights (1, 2, 8)
+    mouth_open: Tensor  # (N, W) float32
+    smile: Tensor  # (N, W) float32
+    crop: Tensor  # (N, 3) mouth crop (cx, cy, side)
+
+
+def clip_arrays(clip: Clip, encoder: torch.nn.Module, latent_factor: int) -> ClipArrays:
+    """Audio features, labels and latent-resolution weights of a rendered clip."""
+    cfg = encoder.cfg
+    t = clip.num_frames
+    win = audio_windows(
+        clip.audio, t, clip.fps, clip.sample_rate, cfg.window_samples, cfg.lookahead_samples
+    )
+    with torch.no_grad():
+        mel = encoder.log_mel(win)
+        mel, _ = encoder.normalise(mel, encoder.init_norm_state())
+    w = torch.from_numpy(region_weights(clip))[:, None]  # (T, 1, H, W)
+    w_lr = F.avg_pool2d(w, latent_factor).half()  # (T, 1, h, w)
+    size = clip.frames.shape[1]
+    face, mouth = neutral_boxes(clip, size)
+    return ClipArrays(
+        clip_id=clip.clip_id,
+        mel=mel,
+        mouth_open=clip.params["mouth_open"].copy(),
+        smile=clip.params["smile"].copy(),
+        prompt=clip.prompt,
+        crop=mouth_crop_box(face, mouth),
+        weights_lr=w_lr,
+    )
+
+
+def sample_windows(clip: Clip, count: int, length: int, rng: np.random.Generator) -> list[int]:
+    """Start frames of ``count`` windows of ``length`` consecutive frames (spread over the clip)."""
+    last = max(0, clip.num_frames - length)
+    return sorted(int(s) for s in rng.integers(0, last + 1, size=count))
+
+
+def load_all(
+    paths: list[Path],
+    encoder: torch.nn.Module,
+    latent_factor: int,
+    windows_per_clip: int,
+    window_len: int,
+    seed: int,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list[ClipArrays], PixelBank]:
+    """First pass over the clips: per-clip arrays plus the pixel bank (deterministic in seed)."""
+    arrays: list[ClipArrays] = []
+    frames, weights, mo, sm, crops = [], [], [], [], []
+    for k, path in enumerate(paths):
+        clip = load_clip(path)
+        if clip.frames is None:
+            raise ValueError(f"{path}: clip has no frames (written with render=False?)")
+        a = clip_arrays(clip, encoder, latent_factor)
+        arrays.append(a)
+        rng = np.random.default_rng([seed, k, 0xBA4C])
+        rw = region_weights(clip).astype(np.uint8)
+        for s in sample_windows(clip, windows_per_clip, window_len, rng):
+            sl = slice(s, s + window_len)
+            frames.append(torch.from_numpy(clip.frames[sl].copy()))
+            weights.append(torch.from_numpy(rw[sl].copy()))
+            mo.append(torch.from_numpy(a.mouth_open[sl]))
+            sm.append(torch.from_numpy(a.smile[sl]))
+            crops.append(torch.from_numpy(a.crop))
+        if progress:
+            progress(k + 1)
+    bank = PixelBank(
+        frames=torch.stack(frames),
+        weights=torch.stack(weights),
+        mouth_open=torch.stack(mo),
+        smile=torch.stack(sm),
+        crop=torch.stack(crops),
+    )
+    return arrays, bank
+
+
+def to_images(frames_uint8: Tensor) -> Tensor:
+    """(..., H, W, 3) uint8 -> (N, 3, H, W) float32 in [-1, 1]."""
+    x = frames_uint8.reshape(-1, *frames_uint8.shape[-3:]).permute(0, 3, 1, 2).float()
+    return x / 127.5 - 1.0
+
+
+@torch.no_grad()
+def encode_clips(
+    paths: list[Path],
+    arrays: list[ClipArrays],
+    vae: torch.nn.Module,
+    batch: int = 32,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Second pass: scaled VAE latents of every frame and of the reference, stored fp16."""
+    for k, (path, a) in enumerate(zip(paths, arrays, strict=True)):
+        clip = load_clip(path)
+        frames = torch.from_numpy(clip.frames)
+        zs = []
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            for s in range(0, frames.shape[0], batch):
+                zs.append(vae.encode(to_images(frames[s : s + batch])).float())
+            ref = vae.encode(to_images(torch.from_numpy(clip.reference)[None])).float()
+        a.latents = torch.cat(zs).half().contiguous()  # (T, C, h, w)
+        a.ref_latent = ref[0].contiguous()
+        if progress:
+            progress(k + 1)
+
+
+def latent_cache_state(arrays: list[ClipArrays]) -> dict[str, Tensor]:
+    """Latents of every clip as a flat dict (saved next to checkpoints for resume)."""
+    out: dict[str, Tensor] = {}
+    for a in arrays:
+        assert a.latents is not None and a.ref_latent is not None  # set by encode_clips
+        out[f"{a.clip_id}/latents"] = a.latents
+        out[f"{a.clip_id}/ref"] = a.ref_latent
+    return out
+
+
+def restore_latents(arrays: list[ClipArrays], state: dict[str, Tensor]) -> bool:
+    """Fill latents from a cache; False if any clip is missing (then re-encode)."""
+    if not all(f"{a.clip_id}/latents" in state for a in arrays):
+        return False
+    for a in arrays:
+        a.latents, a.ref_latent = state[f"{a.clip_id}/latents"], state[f"{a.clip_id}/ref"]
+    return True
