@@ -59,6 +59,9 @@ async function onMessage(msg) {
 
 async function beginMedia(session) {
   call.token = session.token;
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  $("agent-url").textContent = `${scheme}://${location.host}/ws?token=${session.token}&role=agent`;
+  $("agent").hidden = false;
   if (session.notice) { ui.notice.textContent = session.notice; ui.notice.hidden = false; }
   if (session.prompt) ui.prompt.value = session.prompt;
   const pc = new RTCPeerConnection();
@@ -119,6 +122,7 @@ function endCall(reason = "Call ended") {
   if (pc) pc.close();
   if (mic) mic.getTracks().forEach((t) => t.stop());
   ui.video.srcObject = null;
+  $("agent").hidden = true;
   ui.placeholder.hidden = false;
   setInCall(false);
   ui.call.disabled = false;
@@ -134,6 +138,7 @@ ui.mic.onclick = () => {
   ui.mic.classList.toggle("off", !track.enabled);
 };
 ui.interrupt.onclick = () => send({ type: "interrupt" });
+$("agent-copy").onclick = () => navigator.clipboard?.writeText($("agent-url").textContent);
 $("say-form").onsubmit = (ev) => {
   ev.preventDefault();
   const text = ui.say.value.trim();

@@ -204,7 +204,9 @@ def test_stalled_mirror_neither_slows_nor_harms_the_primary(
     assert in_mirror["close"] < 0.2 + 0.3, in_mirror  # drain_timeout_s + the join of a thread
     # The whole session took about as long as with a healthy mirror. Loose: on a shared
     # 2-core machine identical runs differ by 3x or more; the check above is the precise one.
-    assert stalled < 2.0 * max(walls["healthy"]), walls
+    # The close is bounded above; the rest of the session ran about as fast as with a healthy
+    # mirror (loose: identical runs on a shared 2-core machine differ a lot).
+    assert stalled - in_mirror["close"] < 2.0 * max(walls["healthy"]), (walls, in_mirror)
 
 
 def test_network_down_drops_oldest_fragments_counted(aws, pipeline, speech, tmp_path) -> None:

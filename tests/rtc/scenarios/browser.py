@@ -62,6 +62,7 @@ async def main() -> None:
         }""")
         overlay_fps = await page.text_content("#s-fps")
         notice = await page.text_content("#notice")
+        agent_url = await page.text_content("#agent-url")
         await page.screenshot(path=args.screenshot)
         await page.click("#call")  # end the call from the page
         await asyncio.sleep(1.0)
@@ -74,6 +75,7 @@ async def main() -> None:
             "stats": stats,
             "overlay_fps": overlay_fps,
             "notice": notice,
+            "agent_url": agent_url,
             "sessions_left": left,
             "console": console[-20:],
         }
