@@ -51,7 +51,7 @@ class AvatarConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     playout_delay_ms: int = Field(
-        450, ge=50, le=5000, description="driving audio -> playout; must cover one chunk + compute"
+        500, ge=50, le=5000, description="driving audio -> playout; must cover one chunk + compute"
     )
     queue_seconds: float = Field(2.0, gt=0, le=30, description="published frames held at most")
     max_mic_backlog_ms: int = Field(200, ge=20, le=5000)

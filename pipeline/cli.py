@@ -202,7 +202,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
     args.untrained, notice = resolve_weights(args.untrained, args.weights)
     base = config_from_args(args).model_dump(mode="json")
-    config = build_config(**live_config_dict({k: v for k, v in base.items() if k != "schedule"}))
+    base.pop("schedule")
+    config = build_config(**live_config_dict(base, sampler_given=args.steps is not None))
     reference = load_avatar(args.reference, config)
     live = (
         LiveConfig()

@@ -27,9 +27,19 @@ NO_WEIGHTS_NOTICE = (
 )
 
 
-def live_config_dict(base: dict) -> dict:
-    """Apply the live schedule unless the caller set one."""
-    return {**base, "schedule": {**LIVE_SCHEDULE, **base.get("schedule", {})}}
+# Fewer Euler steps live: with 6-frame chunks the per-call cost dominates, and 4/2 steps do not
+# keep up with real time on a 2-core CPU next to the WebRTC encoder (measured with `talkloop
+# bench --live`: rtf 1.06 at 4/2 steps, generation alone 0.74; at 2/1 steps 0.53).
+LIVE_SAMPLER = {"steps": 2, "i_steps": 1}
+
+
+def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
+    """Apply the live schedule (unless the caller set one) and, unless ``sampler_given``, the
+    live sampler steps."""
+    out = {**base, "schedule": {**LIVE_SCHEDULE, **base.get("schedule", {})}}
+    if not sampler_given:
+        out["sampler"] = {**base.get("sampler", {}), **LIVE_SAMPLER}
+    return out
 
 
 def load_avatar(path: str | Path | None, config: TalkloopConfig) -> np.ndarray:
@@ -85,6 +95,7 @@ def resolve_weights(untrained: bool, weights: Path | None) -> tuple[bool, str]:
 
 __all__ = [
     "InputError",
+    "LIVE_SAMPLER",
     "LIVE_SCHEDULE",
     "live_config_dict",
     "load_avatar",

@@ -191,3 +191,24 @@ def negotiated_video_codec(sdp: str) -> str:
                 if rest.startswith(f"a=rtpmap:{pt} "):
                     return rest.split()[1].split("/")[0]
     return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rtc.client URL SECONDS OUT.json``: a scripted call (looped speech as the
+    microphone, latency stamps read), its measurements written as JSON. The bench runs the client
+    in its own process, as a browser would be, so client work does not share the server's GIL."""
+    import sys
+
+    from pipeline.bench.worker import looped_speech
+
+    url, seconds, out = (argv or sys.argv[1:])[:3]
+    mic = np.concatenate(list(looped_speech(16000, float(seconds) + 5)))
+    r = asyncio.run(run_call(url, float(seconds), mic=mic, read_stamps=True))
+    data = {k: v for k, v in r.__dict__.items() if k != "frames"}
+    with open(out, "w") as f:
+        json.dump(data, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

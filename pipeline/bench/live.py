@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.bench.worker import looped_speech, rss_mb
+from pipeline.bench.worker import rss_mb
 from pipeline.core.config import TalkloopConfig
 from pipeline.core.pipeline import Pipeline
 
@@ -26,7 +27,7 @@ HOST_IN_NETNS = "127.0.0.2"
 
 async def measure(spec: dict) -> dict:
     from pipeline.bench.worker import bench_reference
-    from rtc.client import run_call
+    from rtc.client import CallResult
     from rtc.live import LiveConfig
     from rtc.server import AvatarServer
 
@@ -37,7 +38,6 @@ async def measure(spec: dict) -> dict:
     server = AvatarServer(pipeline, reference, "", live, 1, "")
     port = await server.start(spec["host"], 0)
     seconds = float(spec["seconds"])
-    mic = np.concatenate(list(looped_speech(config.audio.sample_rate, seconds + 5)))
     memory: list[tuple[float, float]] = []
     stop = threading.Event()
 
@@ -48,7 +48,20 @@ async def measure(spec: dict) -> dict:
 
     sampler = threading.Thread(target=sample_memory, daemon=True)
     sampler.start()
-    result = await run_call(f"ws://{spec['host']}:{port}/ws", seconds, mic=mic, read_stamps=True)
+    # The client runs in its own process, like a browser: its decoding must not share the
+    # server's interpreter (GIL) and distort the server's figures.
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "client.json"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "rtc.client",
+            f"ws://{spec['host']}:{port}/ws",
+            str(seconds),
+            str(out),
+        )
+        await proc.wait()
+        result = CallResult(**json.loads(out.read_text()))
     stop.set()
     await server.stop()
     warm = int(config.video.fps * 2)  # the first two seconds include connection set-up

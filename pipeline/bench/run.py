@@ -143,7 +143,9 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
 
     base = config.model_dump(mode="json")
     base.pop("schedule")
-    cfg = build_config(**live_config_dict(base)).model_dump(mode="json")
+    cfg = build_config(**live_config_dict(base, sampler_given=args.steps is not None)).model_dump(
+        mode="json"
+    )
     netns = can_use_netns()
     live = {} if args.playout_delay_ms is None else {"playout_delay_ms": args.playout_delay_ms}
     spec = {
@@ -155,7 +157,8 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
     where = "a private network namespace" if netns else "this host's network"
     print(
         f"talkloop bench --live: {args.seconds:g} s call, preset={config.model.preset}, "
-        f"schedule={cfg['schedule']}, in {where}",
+        f"schedule={cfg['schedule']}, steps={cfg['sampler']['steps']}/{cfg['sampler']['i_steps']}, "
+        f"in {where}",
         flush=True,
     )
     r = run_worker(spec, module="pipeline.bench.live", netns=netns)
