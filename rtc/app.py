@@ -69,7 +69,7 @@ async def serve_forever(
     bound = await server.start(host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     print(
-        f"talkloop: serving on http://{shown}:{bound}/  (open it in Chromium or Firefox; Ctrl-C stops)",
+        f"talkloop: serving on http://{shown}:{bound}/  (open it in a browser; Ctrl-C stops)",
         flush=True,
     )
     if notice:
