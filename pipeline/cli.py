@@ -205,11 +205,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     base.pop("schedule")
     config = build_config(**live_config_dict(base, sampler_given=args.steps is not None))
     reference = load_avatar(args.reference, config)
-    live = (
-        LiveConfig()
-        if args.playout_delay_ms is None
-        else LiveConfig(playout_delay_ms=args.playout_delay_ms)
-    )
+    try:
+        live = (
+            LiveConfig()
+            if args.playout_delay_ms is None
+            else LiveConfig(playout_delay_ms=args.playout_delay_ms)
+        )
+    except ValueError as err:  # pydantic's ValidationError: say which value is wrong
+        raise ConfigError(f"--playout-delay-ms: {err.errors()[0]['msg']}") from None
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server installs its own handlers
     from pipeline.outputs.kvs.args import kvs_sink_from_args
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.config import TalkloopConfig
-from pipeline.core.errors import InputError
+from pipeline.core.errors import ConfigError
 from pipeline.core.pipeline import Pipeline
 from pipeline.models.registry import default_reference, installed_weights
 from pipeline.reference import load_reference
@@ -66,7 +66,10 @@ async def serve_forever(
     server = AvatarServer(
         pipeline, reference, prompt, live, max_sessions, notice, mirror_factory=mirror_factory
     )
-    bound = await server.start(host, port)
+    try:
+        bound = await server.start(host, port)
+    except OSError as err:  # port in use, address not on this machine, no permission
+        raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     print(
         f"talkloop: serving on http://{shown}:{bound}/  (open it in a browser; Ctrl-C stops)",
@@ -94,7 +97,6 @@ def resolve_weights(untrained: bool, weights: Path | None) -> tuple[bool, str]:
 
 
 __all__ = [
-    "InputError",
     "LIVE_SAMPLER",
     "LIVE_SCHEDULE",
     "live_config_dict",
