@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -28,8 +27,7 @@ def test_browser_call_decodes_video_without_freezes() -> None:
     assert s["frameWidth"] == 128
     assert s["audioSamples"] > 0 and s["micPackets"] > 100  # fake microphone reached the server
     assert float(r["overlay_fps"]) >= 23  # the page shows the server's stats
-    assert "random weights" in r["notice"] or r["notice"] == ""
+    assert r["notice"] == "No trained weights are installed (test)."  # the banner shows it
     assert r["agent_url"].startswith("ws://127.0.0.2:") and r["agent_url"].endswith("&role=agent")
     assert r["sessions_left"] == 0  # ending the call in the page freed the session
     assert shot.stat().st_size > 10_000
-    assert shutil.which("chromium") or Path("/usr/bin/chromium").exists()

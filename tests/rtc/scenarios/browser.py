@@ -20,7 +20,7 @@ async def main() -> None:
     ap.add_argument("--screenshot", required=True)
     args = ap.parse_args()
     pipeline = tiny_live_pipeline(128)
-    server, url = await start_server(pipeline)
+    server, url = await start_server(pipeline, notice="No trained weights are installed (test).")
     page_url = url.replace("ws://", "http://").removesuffix("/ws") + "/"
     async with async_playwright() as p:
         browser = await p.chromium.launch(

@@ -43,7 +43,6 @@ async def main() -> None:
     frames = np.stack(r.frames).astype(np.float32)
     mouth = frames[:, int(0.55 * 256) : int(0.75 * 256), int(0.35 * 256) : int(0.65 * 256)]
     motion = np.abs(np.diff(mouth, axis=0)).mean(axis=(1, 2, 3))  # per frame pair
-    delay = int((config.video.fps * LiveConfig().playout_delay_ms) / 1000)  # frames of delay
     fps = config.video.fps
 
     def window(a: float, b: float) -> float:
@@ -53,7 +52,6 @@ async def main() -> None:
         {
             "silence_motion": window(1.0, SILENCE_S - 0.5),
             "speech_motion": window(SILENCE_S + 0.5, SILENCE_S + SPEECH_S - 0.5),
-            "delay_frames": delay,
         }
     )
 
