@@ -34,6 +34,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--clips", type=int, default=4, help="test clips for lip sync and seams")
     e.add_argument("--minutes", type=float, default=1.0, help="length of the drift generation")
     e.add_argument("--quiet", action="store_true", help="no progress output")
+    e.add_argument(
+        "--card",
+        action="store_true",
+        help="also write MODEL_CARD.md and eval.json into the weights folder",
+    )
     add_video_args(e)
     add_model_args(e)
 
@@ -83,4 +88,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     keys = ("lipsync_corr", "lipsync_lag_ms", "seam_ratio", "seam_ratio_no_i", "identity_drift")
     print("  ".join(f"{k}={result[k]:.3g}" for k in keys if result.get(k) is not None))
     print(f"wrote {args.out / 'eval.json'} and {args.out / 'eval.png'}")
+    if args.card:
+        from pipeline.train.card import write_model_card
+
+        if result["weights"] is None:
+            raise ConfigError("--card needs trained weights (--weights DIR or installed ones)")
+        print(f"wrote {write_model_card(Path(str(result['weights'])), result)}")
     return 0

@@ -341,7 +341,7 @@ class Trainer:
             mask[:, -1] = True
         pos = torch.arange(f, dtype=torch.float32)[None].expand(b, f) - n_given_front
         clips = torch.randint(len(arrays), (b,), generator=g).tolist()
-        x0, mel, ref = [], [], []
+        x0, mel, ref, wmap = [], [], [], []
         for ci in clips:
             a = arrays[ci]
             s = int(torch.randint(0, max(1, a.num_frames - f + 1), (1,), generator=g))
@@ -349,6 +349,7 @@ class Trainer:
             x0.append(lowres(a.latents[s : s + f].float()))
             mel.append(a.mel[s : s + f])
             ref.append(lowres(a.ref_latent))
+            wmap.append(lowres(a.weights_lr[s : s + f].float()))
         x0_t = torch.stack(x0)  # (B, F, C, h, w)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             audio = enc(torch.cat(mel)).reshape(b, f, -1)  # (B, F, D)
@@ -365,6 +366,7 @@ class Trainer:
                 audio_drop_prob=cfg.audio_drop,
                 text_drop_prob=cfg.text_drop,
                 text_present=has_text[clips],
+                weight=torch.stack(wmap),
             )
         return loss, {"pattern": pattern, "frames": f, "batch": b}
 

@@ -212,6 +212,27 @@ def test_loss_ignores_given_frames(tiny) -> None:
     assert zero == 0
 
 
+def test_loss_weight_is_a_weighted_mean_over_positions(tiny) -> None:
+    net = _model(tiny)
+    mask, pos = PATTERNS["continuation"]
+    mask, pos = mask.expand(B, F), pos.expand(B, F)
+    x, ref, audio, text = _inputs(tiny)
+
+    def loss(weight: torch.Tensor | None) -> torch.Tensor:
+        g = torch.Generator().manual_seed(7)
+        return flow_matching_loss(net, x, mask, pos, ref, audio, text, g, weight=weight)
+
+    # Uniform weights of any scale are the plain mean; weight on one cell scores that cell only.
+    plain = loss(None)
+    assert torch.allclose(loss(torch.full((B, F, 1, H, W), 8.0)), plain, rtol=1e-5)
+    one_cell = torch.zeros(B, F, 1, H, W)
+    one_cell[..., 0, 0] = 1.0
+    other_cell = torch.zeros(B, F, 1, H, W)
+    other_cell[..., -1, -1] = 1.0
+    assert loss(one_cell) != loss(other_cell)
+    assert loss(one_cell) != plain
+
+
 def test_lowres_pools_by_two() -> None:
     z = torch.randn(3, 4, C, 32, 32)
     assert lowres(z).shape == (3, 4, C, 16, 16)

@@ -33,3 +33,37 @@ def test_eval_rejects_a_bad_clip_count(tmp_path: Path, capsys: pytest.CaptureFix
     args = ["eval", "--out", str(tmp_path), "--clips", "0", "--untrained", "--preset", "tiny"]
     assert main(args) == 2
     assert "--clips" in capsys.readouterr().err
+
+
+def test_model_card_reports_logged_phases_and_every_metric(tmp_path: Path) -> None:
+    from pipeline.train.card import METRICS, write_model_card
+    from pipeline.train.config import TrainConfig
+
+    summary = {"recipe": TrainConfig.recipe().model_dump(mode="json"), "latent_scale": 0.99}
+    (tmp_path / "train_summary.json").write_text(json.dumps(summary))
+    rows = [("vae", 10, 0.5), ("vae", 20, 0.3)]  # one VAE run of 20 steps
+    rows += [("a2v", 10, 0.2), ("a2v", 20, 0.1), ("a2v", 10, 0.09), ("a2v", 30, 0.05)]
+    log = [
+        {"phase": p, "step": s, "loss": e, "loss_ema": e, "lr": 1e-4, "sec_per_step": 0.5}
+        for p, s, e in rows
+    ]
+    (tmp_path / "train_log.jsonl").write_text("\n".join(json.dumps(r) for r in log) + "\n")
+    result = {key: 0.5 for key, _, _ in METRICS} | {"clips": 4, "minutes": 10.0}
+    result["lipsync_lag_ms"] = None  # a figure the evaluation could not define
+
+    card = write_model_card(tmp_path, result).read_text()
+    assert "| vae | 20 |" in card
+    # The A2V phase was started over once (20 steps, then 30): both runs are reported.
+    assert "| a2v | 20 + 30 |" in card and "0.0500" in card
+    assert all(f"`{key}`" in card for key, _, _ in METRICS)
+    assert "| `lipsync_lag_ms` | n/a |" in card
+    assert json.loads((tmp_path / "eval.json").read_text())["clips"] == 4
+
+
+def test_model_card_needs_a_training_log(tmp_path: Path) -> None:
+    from pipeline.core.errors import ConfigError
+    from pipeline.train.card import write_model_card
+
+    with pytest.raises(ConfigError, match="train_summary.json"):
+        write_model_card(tmp_path, {})
+    assert not (tmp_path / "MODEL_CARD.md").exists()

@@ -111,6 +111,7 @@ def flow_matching_loss(
     audio_drop_prob: float = 0.0,
     text_drop_prob: float = 0.0,
     text_present: Tensor | None = None,
+    weight: Tensor | None = None,
 ) -> Tensor:
     """Rectified-flow loss on the generated frames.
 
@@ -124,6 +125,9 @@ def flow_matching_loss(
             :meth:`A2VDiT.forward`. generator: draws every random number (reproducible).
         text_present: optional (B,) bool; False marks samples without a prompt, which always
             get the null text embedding (what inference uses for an empty prompt).
+        weight: optional (B, F, 1, h, w) non-negative spatial weights; each frame's error is
+            the weighted mean over its positions (the trainer weights face and mouth up, so the
+            few latent cells of a mouth are not drowned by background).
     Returns:
         Scalar float32 MSE between predicted and target velocity over generated positions.
     """
@@ -141,6 +145,11 @@ def flow_matching_loss(
     if text_present is not None:
         text_keep = text_keep & text_present
     v = model(xt, t, pos, ref, audio, text, audio_keep=audio_keep, text_keep=text_keep).float()
-    err = (v - (eps - x0)).square().mean(dim=(2, 3, 4))  # (B, F)
+    sq = (v - (eps - x0)).square()
+    if weight is None:
+        err = sq.mean(dim=(2, 3, 4))  # (B, F)
+    else:
+        w = weight.float().expand_as(sq)
+        err = (sq * w).sum(dim=(2, 3, 4)) / w.sum(dim=(2, 3, 4)).clamp_min(1e-8)
     gen = (~given_mask).float()
     return (err * gen).sum() / gen.sum().clamp_min(1.0)
