@@ -88,6 +88,8 @@ def _family_from_folder(folder: Path):
 
 
 DEFAULT_REFERENCE = Path(__file__).parent / "studio" / "default_reference.png"
+# The default avatar is studio character 21 (`talkloop studio character --seed 21`).
+DEFAULT_REFERENCE_SEED = 21
 
 
 def default_reference():

@@ -116,11 +116,10 @@ def test_unwritable_output_directory(files, capsys) -> None:
 
 
 @pytest.mark.unit
-def test_default_model_says_no_trained_weights(files, capsys) -> None:
-    from pipeline.models.registry import installed_weights
+def test_default_model_without_installed_weights_says_so(files, capsys, monkeypatch) -> None:
+    import pipeline.models.registry as registry
 
-    if installed_weights() is not None:
-        pytest.skip("trained weights are installed")
+    monkeypatch.setattr(registry, "INSTALLED_WEIGHTS", files["dir"] / "no-weights-here")
     out = files["dir"] / "out.mp4"
     code, err = run_cli(
         ["--audio", str(files["wav"]), "--reference", str(files["ref"]), "--out", str(out)], capsys

@@ -41,7 +41,8 @@ async def main() -> None:
     )
     await server.stop()
     frames = np.stack(r.frames).astype(np.float32)
-    mouth = frames[:, int(0.55 * 256) : int(0.75 * 256), int(0.35 * 256) : int(0.65 * 256)]
+    # The default avatar's mouth sits at about (128, 140) of 256 px; the jaw opens downwards.
+    mouth = frames[:, int(0.48 * 256) : int(0.68 * 256), int(0.38 * 256) : int(0.62 * 256)]
     motion = np.abs(np.diff(mouth, axis=0)).mean(axis=(1, 2, 3))  # per frame pair
     fps = config.video.fps
 
