@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up talkloop in ./.venv: system packages (as root, with apt-get), the CPU build of
-# PyTorch, then the project. `--test` adds the test dependencies and Chromium.
+# PyTorch, then the project. `--test` adds the test dependencies, Chromium and Firefox ESR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
@@ -8,8 +8,11 @@ extras=""
 
 need=()
 command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
-# The browser tests drive Debian's Chromium (never a downloaded browser build).
-[ -n "$extras" ] && { [ -x /usr/bin/chromium ] || need+=(chromium); }
+# The browser tests drive Debian's Chromium and Firefox ESR (never a downloaded browser build).
+if [ -n "$extras" ]; then
+  [ -x /usr/bin/chromium ] || need+=(chromium)
+  [ -x /usr/bin/firefox-esr ] || need+=(firefox-esr)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: please install ${need[*]} (as root: apt-get install -y ${need[*]})" >&2

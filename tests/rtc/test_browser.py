@@ -31,3 +31,22 @@ def test_browser_call_decodes_video_without_freezes() -> None:
     assert r["agent_url"].startswith("ws://127.0.0.2:") and r["agent_url"].endswith("&role=agent")
     assert r["sessions_left"] == 0  # ending the call in the page freed the session
     assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not Path("/usr/bin/firefox-esr").exists(), reason="needs Debian's firefox-esr")
+def test_firefox_call_negotiates_vp8_and_decodes_video() -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "firefox-call.png"
+    shot.unlink(missing_ok=True)
+    r = run_in_netns("firefox.py", "--seconds", "8", "--screenshot", str(shot), timeout=240)
+    s = r["stats"]
+    assert r["title"].startswith("talkloop") and r["status"] == "Live"
+    # Firefox has no H.264 without its downloadable plugin: the server falls back to VP8.
+    assert s["codec"] == "video/VP8"
+    assert s["framesDecoded"] >= 24 * 7
+    assert s["framesPerSecond"] >= 20  # Firefox reports a whole-second rate
+    assert s["frameWidth"] == 128
+    assert s["audioPackets"] > 100 and s["micPackets"] > 100
+    assert float(r["overlay_fps"]) >= 23
+    assert r["sessions_left"] == 0
+    assert shot.stat().st_size > 10_000
