@@ -66,6 +66,7 @@ def model_card(weights: Path, result: dict, provenance: str = "") -> str:
     recipe = summary["recipe"]
     phases = phase_rows(log_path)
     total_min = sum(p["minutes"] for p in phases.values())
+    frames = f" ({summary['frames_used']} frames)" if "frames_used" in summary else ""
     lines = [
         "# talkloop studio model (default weights)",
         "",
@@ -76,9 +77,10 @@ def model_card(weights: Path, result: dict, provenance: str = "") -> str:
         "",
         "## Data",
         "",
-        f"{recipe['clips']} training clips of {recipe['size']} px (`talkloop studio dataset`, "
-        f"seed {recipe['seed']}), split by character, sentence and voice: the evaluation uses "
-        "test characters, sentences, voices and prompt paraphrases never seen in training.",
+        f"{summary.get('clips_used', recipe['clips'])} training clips{frames} of "
+        f"{recipe['size']} px (`talkloop studio dataset`, seed {recipe['seed']}), split by "
+        "character, sentence and voice: the evaluation uses test characters, sentences, voices "
+        "and prompt paraphrases never seen in training.",
         "",
         "## Training (phases as logged)",
         "",

@@ -540,6 +540,8 @@ class Trainer:
         save_readout(self.readout, folder)
         summary = {
             "recipe": self.cfg.model_dump(mode="json"),
+            "clips_used": len(self.paths),
+            "frames_used": sum(a.num_frames for a in self.arrays),
             "latent_scale": self.latent_scale,
             "sec_per_step": self.step_seconds,
             "final_loss_ema": self.final_loss,

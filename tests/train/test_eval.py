@@ -39,7 +39,8 @@ def test_model_card_reports_logged_phases_and_every_metric(tmp_path: Path) -> No
     from pipeline.train.card import METRICS, write_model_card
     from pipeline.train.config import TrainConfig
 
-    summary = {"recipe": TrainConfig.recipe().model_dump(mode="json"), "latent_scale": 0.99}
+    recipe = TrainConfig.recipe().model_dump(mode="json")
+    summary = {"recipe": recipe, "latent_scale": 0.99, "clips_used": 7, "frames_used": 900}
     (tmp_path / "train_summary.json").write_text(json.dumps(summary))
     rows = [("vae", 10, 0.5), ("vae", 20, 0.3)]  # one VAE run of 20 steps
     rows += [("a2v", 10, 0.2), ("a2v", 20, 0.1), ("a2v", 10, 0.09), ("a2v", 30, 0.05)]
@@ -52,6 +53,7 @@ def test_model_card_reports_logged_phases_and_every_metric(tmp_path: Path) -> No
     result["lipsync_lag_ms"] = None  # a figure the evaluation could not define
 
     card = write_model_card(tmp_path, result).read_text()
+    assert "7 training clips (900 frames)" in card  # what was used, not the recipe's 400
     assert "| vae | 20 |" in card
     # The A2V phase was started over once (20 steps, then 30): both runs are reported.
     assert "| a2v | 20 + 30 |" in card and "0.0500" in card
