@@ -69,9 +69,9 @@ class ScheduleConfig(_Strict):
 
 class SamplerConfig(_Strict):
     steps: int = Field(4, ge=1, le=100, description="Euler steps of the A2V flow sampler")
-    # With 2 steps the trained model's I frames were smoother but softer than N frames, so the
-    # change at their edges was larger (`talkloop eval`: seam_ratio 1.13 vs 1.10 without I
-    # chunks); 4 steps match N quality (0.99) for about 0.04 more rtf.
+    # With 2 steps the trained model's I frames were softer than the N frames around them, so the
+    # change at their edges was larger (held-out seam_ratio on 2 clips: 1.13 at 2 steps, 1.10
+    # without I chunks, 0.99 at 4 steps; `talkloop eval` on 4 clips at 4 steps: 1.05 vs 1.11).
     i_steps: int = Field(4, ge=1, le=100, description="Euler steps for I chunks")
     shift: float = Field(3.0, gt=0, le=20, description="timestep shift (SD3-style); 1 = none")
     audio_guidance: float = Field(1.0, ge=0, le=10, description="CFG scale on audio; 1 = off")
