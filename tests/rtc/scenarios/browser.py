@@ -9,7 +9,7 @@ from playwright.async_api import async_playwright
 
 from pipeline.assets import HELLO_WAV
 
-from common import emit, start_server, tiny_live_pipeline
+from common import PAGE_STATS_JS, emit, start_server, tiny_live_pipeline
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -45,21 +45,7 @@ async def main() -> None:
         await page.fill("#say", "Hello from the browser test.")
         await page.click("#say-btn")
         await asyncio.sleep(args.seconds)
-        stats = await page.evaluate("""async () => {
-            const out = {};
-            const report = await window.talkloop.stats();
-            const codecs = {};
-            report.forEach((r) => { if (r.type === 'codec') codecs[r.id] = r.mimeType; });
-            report.forEach((r) => {
-                if (r.type === 'inbound-rtp' && r.kind === 'video') {
-                    Object.assign(out, {framesDecoded: r.framesDecoded, framesPerSecond: r.framesPerSecond,
-                        freezeCount: r.freezeCount, frameWidth: r.frameWidth, codec: codecs[r.codecId]});
-                }
-                if (r.type === 'inbound-rtp' && r.kind === 'audio') out.audioSamples = r.totalSamplesReceived;
-                if (r.type === 'outbound-rtp' && r.kind === 'audio') out.micPackets = r.packetsSent;
-            });
-            return out;
-        }""")
+        stats = await page.evaluate(PAGE_STATS_JS)
         overlay_fps = await page.text_content("#s-fps")
         notice = await page.text_content("#notice")
         agent_url = await page.text_content("#agent-url")

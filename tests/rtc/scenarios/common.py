@@ -18,6 +18,26 @@ from support import make_reference, tiny_config  # noqa: E402
 
 HOST = "127.0.0.2"
 
+# The call's figures from the page's RTCPeerConnection.getStats() (an async JS function; a browser
+# leaves out what it does not implement, e.g. Firefox has no freezeCount).
+PAGE_STATS_JS = """async () => {
+    const out = {};
+    const report = await window.talkloop.stats();
+    const codecs = {};
+    report.forEach((r) => { if (r.type === 'codec') codecs[r.id] = r.mimeType; });
+    report.forEach((r) => {
+        if (r.type === 'inbound-rtp' && r.kind === 'video') {
+            Object.assign(out, {framesDecoded: r.framesDecoded, framesPerSecond: r.framesPerSecond,
+                freezeCount: r.freezeCount, frameWidth: r.frameWidth, codec: codecs[r.codecId]});
+        }
+        if (r.type === 'inbound-rtp' && r.kind === 'audio') {
+            Object.assign(out, {audioSamples: r.totalSamplesReceived, audioPackets: r.packetsReceived});
+        }
+        if (r.type === 'outbound-rtp' && r.kind === 'audio') out.micPackets = r.packetsSent;
+    });
+    return out;
+}"""
+
 
 def tiny_live_pipeline(size: int = 128) -> Pipeline:
     base = tiny_config(video={"width": size, "height": size}).model_dump(mode="json")

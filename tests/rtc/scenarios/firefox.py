@@ -20,7 +20,7 @@ from pathlib import Path
 
 import websockets
 
-from common import HOST, emit, start_server, tiny_live_pipeline
+from common import HOST, PAGE_STATS_JS, emit, start_server, tiny_live_pipeline
 
 FIREFOX = "/usr/bin/firefox-esr"
 PREFS = {
@@ -122,23 +122,6 @@ async def drain(stream: asyncio.StreamReader) -> None:
         pass
 
 
-STATS_JS = """(async () => {
-    const out = {};
-    const report = await window.talkloop.stats();
-    const codecs = {};
-    report.forEach((r) => { if (r.type === 'codec') codecs[r.id] = r.mimeType; });
-    report.forEach((r) => {
-        if (r.type === 'inbound-rtp' && r.kind === 'video') {
-            Object.assign(out, {framesDecoded: r.framesDecoded, framesPerSecond: r.framesPerSecond,
-                frameWidth: r.frameWidth, codec: codecs[r.codecId]});
-        }
-        if (r.type === 'inbound-rtp' && r.kind === 'audio') out.audioPackets = r.packetsReceived;
-        if (r.type === 'outbound-rtp' && r.kind === 'audio') out.micPackets = r.packetsSent;
-    });
-    return out;
-})()"""
-
-
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=8)
@@ -170,7 +153,7 @@ async def main() -> None:
                 log = await b.js(ctx, "document.getElementById('log').innerText")
                 if status != "Live":
                     raise RuntimeError(f"the call did not start: status {status!r}, log {log!r}")
-                stats = await b.js(ctx, STATS_JS)
+                stats = await b.js(ctx, f"({PAGE_STATS_JS})()")
                 overlay_fps = await b.js(ctx, "document.getElementById('s-fps').textContent")
                 shot = await b.call("browsingContext.captureScreenshot", context=ctx)
                 Path(args.screenshot).write_bytes(base64.b64decode(shot["data"]))
