@@ -43,16 +43,18 @@ async def main() -> None:
     frames = np.stack(r.frames).astype(np.float32)
     # The default avatar's mouth sits at about (128, 140) of 256 px; the jaw opens downwards.
     mouth = frames[:, int(0.48 * 256) : int(0.68 * 256), int(0.38 * 256) : int(0.62 * 256)]
-    motion = np.abs(np.diff(mouth, axis=0)).mean(axis=(1, 2, 3))  # per frame pair
-    fps = config.video.fps
-
-    def window(a: float, b: float) -> float:
-        return float(motion[int(a * fps) : int(b * fps)].mean())
-
+    motion = np.abs(np.diff(mouth, axis=0)).mean(axis=(1, 2, 3))  # frame i -> i + 1
+    # Which frames show speech is read from the audio that came back with them (the driving
+    # audio, sent on the same clock), by arrival time: no assumption about call set-up delays.
+    arrived = np.array(r.video_times[: len(frames)])[1:]
+    loud = np.interp(arrived, np.array(r.audio_times), np.array(r.audio_rms))
+    settled = arrived > arrived[0] + 1.0  # past the first second of the call
     emit(
         {
-            "silence_motion": window(1.0, SILENCE_S - 0.5),
-            "speech_motion": window(SILENCE_S + 0.5, SILENCE_S + SPEECH_S - 0.5),
+            "speech_pairs": int((loud > 0.02).sum()),
+            "silence_pairs": int(((loud < 0.002) & settled).sum()),
+            "speech_motion": float(motion[loud > 0.02].mean()),
+            "silence_motion": float(motion[(loud < 0.002) & settled].mean()),
         }
     )
 
