@@ -56,7 +56,11 @@ class AvatarConfig(BaseModel):
     queue_seconds: float = Field(2.0, gt=0, le=30, description="published frames held at most")
     max_mic_backlog_ms: int = Field(200, ge=20, le=5000)
     max_lag_ms: int = Field(
-        1000, ge=100, le=60000, description="generation this far behind skips whole chunks"
+        1000,
+        ge=100,
+        le=60000,
+        description="generation this far behind skips whole chunks (the bound is lower when the "
+        "measured chunk time says the next chunk could not play on time anyway)",
     )
     max_pending_speech_s: float = Field(
         120.0, gt=0, le=3600, description="speech queued ahead of playback at most (backpressure)"
@@ -361,6 +365,21 @@ class AvatarSession:
     def __aiter__(self) -> AsyncIterator[VideoFrame | AudioFrame | PlaybackEvent]:
         return self.stream()
 
+    def lag_budget(self) -> float:
+        """Most audio backlog (s) at which generating the next chunk still shows some of it.
+
+        Frame ``i`` of an ``n``-frame chunk plays ``playout_delay`` after its audio arrived. The
+        chunk is generated once the audio of its last frame plus the look-ahead has arrived, after
+        the backlog ``L`` ahead of it, and is published ``C`` (its measured compute time) later.
+        Its last frame is on time only if ``L <= playout - lookahead - C - 1 / fps``; with more
+        backlog than that every frame of the chunk would be dropped as late, so skipping it
+        (catching up a whole chunk of lag) is better. ``max_lag_ms`` caps the bound.
+        """
+        took = self.session.stats.chunk_seconds or 0.0
+        lookahead = self.pipeline.lookahead_samples / self.sample_rate
+        budget = self.config.playout_delay_ms / 1000 - lookahead - took - 1 / self.info.fps
+        return min(self.config.max_lag_ms / 1000, max(BLOCK_S, budget))
+
     # -- figures -----------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, float | int | str | None]:
@@ -445,7 +464,7 @@ class AvatarSession:
 
     def _generate(self) -> None:
         try:
-            self.session.run_live(self._stop, max_lag_s=self.config.max_lag_ms / 1000)
+            self.session.run_live(self._stop, max_lag_s=self.lag_budget)
         except Exception as err:  # ends this session only
             self.error = err
             log.exception("%s: generation failed", self.name)

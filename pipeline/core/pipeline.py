@@ -214,6 +214,7 @@ class SessionStats:
     first_audio_at: float | None = None  # perf_counter() when the first audio sample arrived
     stage_seconds: dict[str, float] = field(default_factory=dict)  # per stage name, plus "sinks"
     skipped_frames: int = 0  # live catch-up (run_live with max_lag_s)
+    chunk_seconds: float | None = None  # recent wall time of one N chunk step (EMA), live budgets
 
     @property
     def ttff_ms(self) -> float | None:
@@ -421,7 +422,10 @@ class Session:
             "publish", {"segment_latents": display}, state, self.stats.stage_seconds
         ).pop("frames")
         del display
-        self.stats.generate_seconds += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.stats.generate_seconds += took
+        last = self.stats.chunk_seconds
+        self.stats.chunk_seconds = took if last is None else 0.8 * last + 0.2 * took
         self._publish(n.start, frames, total_samples)
         with self._cond:
             state.next_n += 1
@@ -519,7 +523,11 @@ class Session:
             raise
         self.close()
 
-    def run_live(self, stop: threading.Event | None = None, max_lag_s: float | None = None) -> None:
+    def run_live(
+        self,
+        stop: threading.Event | None = None,
+        max_lag_s: float | Callable[[], float] | None = None,
+    ) -> None:
         """Streaming mode: generate as audio is pushed from other threads until it ends.
 
         Args:
@@ -527,11 +535,13 @@ class Session:
             max_lag_s: live catch-up. When more audio than this is waiting beyond what the next
                 chunk needs (generation fell behind real time), whole N chunks are skipped, so the
                 lag stays bounded; their frames are never generated (a live track repeats the last
-                frame meanwhile). None never skips (offline).
+                frame meanwhile). A callable is asked before every chunk (a bound that follows the
+                measured chunk time). None never skips (offline).
         """
+        bound = max_lag_s if callable(max_lag_s) or max_lag_s is None else lambda: max_lag_s
         try:
             while not self.finished and not (stop and stop.is_set()):
-                if max_lag_s is not None and self.lag_seconds() > max_lag_s and self.skip_chunk():
+                if bound is not None and self.lag_seconds() > bound() and self.skip_chunk():
                     continue
                 if not self.step():
                     self.wait_ready(timeout=0.05)

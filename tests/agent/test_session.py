@@ -210,3 +210,23 @@ def test_bad_audio_is_rejected_with_clear_errors_and_backpressure(live_pipeline)
     assert queued == pytest.approx(0.8, abs=0.01)  # 48 kHz stereo became 0.8 s at 16 kHz
     assert still == queued  # the refused frame added nothing
     assert not done_early  # wait_for_room waited for playback to make room
+
+
+def test_catch_up_bound_follows_the_measured_chunk_time(live_pipeline) -> None:
+    """Chunks are skipped once no frame of them could play on time: playout - look-ahead -
+    chunk time - one frame, never above max_lag_ms and never below one driving block."""
+    avatar, _ = open_session(live_pipeline, max_lag_ms=1000)
+    info = live_pipeline.info
+    lookahead = live_pipeline.lookahead_samples / info.sample_rate
+    stats = avatar.session.stats
+    stats.chunk_seconds = None  # nothing measured yet: only the fixed parts count
+    assert avatar.lag_budget() == pytest.approx(0.4 - lookahead - 1 / info.fps)
+    stats.chunk_seconds = 0.15
+    assert avatar.lag_budget() == pytest.approx(0.4 - lookahead - 0.15 - 1 / info.fps)
+    stats.chunk_seconds = 5.0  # hopelessly slow: skip down to one block of backlog
+    assert avatar.lag_budget() == pytest.approx(0.02)
+    capped, _ = open_session(live_pipeline, max_lag_ms=100)
+    capped.session.stats.chunk_seconds = 0.0
+    assert capped.lag_budget() == pytest.approx(0.1)
+    for a in (avatar, capped):
+        run(a.close())

@@ -264,3 +264,4 @@ def test_live_catch_up_skips_whole_chunks_when_far_behind(pipeline, speech) -> N
     assert len(shown) + session.stats.skipped_frames == total  # every frame shown or skipped
     assert shown == sorted(shown) and len(set(shown)) == len(shown)
     assert shown[-1] == total - 1  # it caught up: the end of the audio was generated
+    assert session.stats.chunk_seconds is not None and session.stats.chunk_seconds > 0

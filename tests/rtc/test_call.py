@@ -76,17 +76,15 @@ def test_falling_behind_drops_video_never_audio_and_recovers() -> None:
     assert r["latency_late_ms"] <= r["latency_early_ms"] + 80
 
 
-@pytest.mark.xfail(
-    reason="open (issue 4): in a live call on 2 cores, with the client in the server's process and "
-    "generation at about real time, mouth-region motion in speech frames (0.037) is no larger "
-    "than in silence frames (0.037), frames told apart by the audio that came back with them",
-    strict=False,
-)
 def test_mouth_moves_with_speech_and_rests_in_silence() -> None:
     from pipeline.models.registry import installed_weights
 
     if installed_weights() is None:
         pytest.skip("needs the trained default weights (issue 3): random weights draw no mouth")
     r = run_in_netns("mouth.py", timeout=600)
-    assert r["speech_pairs"] > 50 and r["silence_pairs"] > 50  # both phases reached the client
-    assert r["speech_motion"] > 2 * r["silence_motion"]
+    assert r["speech_frames"] > 50 and r["silence_frames"] > 50  # both phases reached the client
+    # Mouth opening read from the received frames (0 closed, ~1 wide open): it opens and moves
+    # with speech (seen: mean 0.25, std 0.13) and stays closed in silence (median 0.06).
+    assert r["speech_open_mean"] > 2.5 * r["silence_open_mean"]
+    assert r["speech_open_std"] > 0.08
+    assert r["silence_open_median"] < 0.12

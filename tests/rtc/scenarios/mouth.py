@@ -1,4 +1,8 @@
-"""With the trained default model: the mouth moves while speech is sent and rests in silence."""
+"""With the trained default model: the mouth moves while speech is sent and rests in silence.
+
+The mouth opening of every received frame is read by the readout network that ``talkloop eval``
+uses (trained on studio frames with known mouth opening), in the default avatar's mouth box.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,14 @@ from pipeline.assets import HELLO_WAV
 from pipeline.audio.io import load_audio
 from pipeline.core.config import build_config
 from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import default_reference
+from pipeline.models.registry import DEFAULT_REFERENCE_SEED, default_reference, installed_weights
 from pipeline.reference import load_reference
-from rtc.app import LIVE_SCHEDULE
+from pipeline.studio.character import sample_character
+from pipeline.studio.params import FrameParams
+from pipeline.studio.renderer import Renderer
+from pipeline.train.data import mouth_crop_box
+from pipeline.train.readout import load_readout, read_frames
+from rtc.app import live_config_dict
 from rtc.client import run_call
 from rtc.live import LiveConfig
 from rtc.server import AvatarServer
@@ -23,7 +32,7 @@ SILENCE_S, SPEECH_S = 3.0, 5.0
 
 
 async def main() -> None:
-    config = build_config(schedule=LIVE_SCHEDULE)
+    config = build_config(**live_config_dict({}))  # what `talkloop serve` runs
     pipeline = await asyncio.to_thread(Pipeline.from_config, config)
     ref = load_reference(default_reference(), 256, 256)
     server = AvatarServer(pipeline, ref, "", LiveConfig(), 1, "")
@@ -40,21 +49,29 @@ async def main() -> None:
         f"ws://{HOST}:{port}/ws", SILENCE_S * 2 + SPEECH_S + 1.5, mic=mic, keep_frames=10_000
     )
     await server.stop()
-    frames = np.stack(r.frames).astype(np.float32)
-    # The default avatar's mouth sits at about (128, 140) of 256 px; the jaw opens downwards.
-    mouth = frames[:, int(0.48 * 256) : int(0.68 * 256), int(0.38 * 256) : int(0.62 * 256)]
-    motion = np.abs(np.diff(mouth, axis=0)).mean(axis=(1, 2, 3))  # frame i -> i + 1
+    frames = np.stack(r.frames)
+    readout, _ = load_readout(installed_weights())
+    face, mouth, _ = Renderer(sample_character(DEFAULT_REFERENCE_SEED), 256).boxes(
+        FrameParams.neutral(1)
+    )
+    opening = read_frames(readout, frames, mouth_crop_box(face[0], mouth[0]))[:, 0]
     # Which frames show speech is read from the audio that came back with them (the driving
     # audio, sent on the same clock), by arrival time: no assumption about call set-up delays.
-    arrived = np.array(r.video_times[: len(frames)])[1:]
+    arrived = np.array(r.video_times[: len(frames)])
     loud = np.interp(arrived, np.array(r.audio_times), np.array(r.audio_rms))
-    settled = arrived > arrived[0] + 1.0  # past the first second of the call
+    speech_frames = loud > 0.02
+    silence_frames = (loud < 0.002) & (arrived > arrived[0] + 1.0)  # past the first second
+    stats = r.stats[-1] if r.stats else {}
     emit(
         {
-            "speech_pairs": int((loud > 0.02).sum()),
-            "silence_pairs": int(((loud < 0.002) & settled).sum()),
-            "speech_motion": float(motion[loud > 0.02].mean()),
-            "silence_motion": float(motion[(loud < 0.002) & settled].mean()),
+            "speech_frames": int(speech_frames.sum()),
+            "silence_frames": int(silence_frames.sum()),
+            "speech_open_mean": float(opening[speech_frames].mean()),
+            "speech_open_std": float(opening[speech_frames].std()),
+            "silence_open_mean": float(opening[silence_frames].mean()),
+            "silence_open_median": float(np.median(opening[silence_frames])),
+            "frames_generated": stats.get("frames_generated"),
+            "late_frames": stats.get("late_frames"),
         }
     )
 
