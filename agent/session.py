@@ -45,13 +45,30 @@ BLOCK_S = 0.02  # driver tick and audio output frame: 20 ms, what WebRTC and Opu
 MAX_CUTS = 64  # interrupts remembered for withholding frames (older frames are long gone)
 
 
+def default_playout_s(pipeline: Pipeline) -> float:
+    """The playout delay at which a generator that keeps up with real time shows every frame.
+
+    A chunk can start once the audio of its last frame plus the look-ahead has arrived (one chunk
+    of audio after its first frame's); generating it may take up to one chunk's duration if
+    generation is to keep up at all; two driving blocks cover the hand-offs. So: two chunks plus
+    the look-ahead plus 40 ms (live schedule, 4 frames at 25 fps: 400 ms).
+    """
+    info = pipeline.info
+    chunk = pipeline.config.schedule.n_len / info.fps
+    return 2 * chunk + pipeline.lookahead_samples / info.sample_rate + 2 * BLOCK_S
+
+
 class AvatarConfig(BaseModel):
     """Settings of a live avatar session (the chunk schedule is in the root config)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    playout_delay_ms: int = Field(
-        500, ge=50, le=5000, description="driving audio -> playout; must cover one chunk + compute"
+    playout_delay_ms: int | None = Field(
+        None,
+        ge=50,
+        le=5000,
+        description="driving audio -> playout; None: derived from the chunk schedule "
+        "(see default_playout_s)",
     )
     queue_seconds: float = Field(2.0, gt=0, le=30, description="published frames held at most")
     max_mic_backlog_ms: int = Field(200, ge=20, le=5000)
@@ -126,7 +143,12 @@ class AvatarSession:
             reference, prompt, [self.frames, *self.mirrors]
         )
         self.clock: Clock = clock or RealClock()
-        self.media = MediaClock(info.sample_rate, config.playout_delay_ms / 1000, self.clock)
+        self.playout_s = (
+            default_playout_s(pipeline)
+            if config.playout_delay_ms is None
+            else config.playout_delay_ms / 1000
+        )
+        self.media = MediaClock(info.sample_rate, self.playout_s, self.clock)
         self.block = int(round(BLOCK_S * info.sample_rate))
         self.driver = AudioDriver(
             self._push,
@@ -134,7 +156,7 @@ class AvatarSession:
             info.sample_rate,
             block=self.block,
             max_mic_backlog_s=config.max_mic_backlog_ms / 1000,
-            playout_s=max(4.0, 4 * config.playout_delay_ms / 1000),
+            playout_s=max(4.0, 4 * self.playout_s),
             max_pending_s=config.max_pending_speech_s,
         )
         self.listeners: list[Callable[[PlaybackEvent], None]] = []
@@ -377,7 +399,7 @@ class AvatarSession:
         """
         took = self.session.stats.chunk_seconds or 0.0
         lookahead = self.pipeline.lookahead_samples / self.sample_rate
-        budget = self.config.playout_delay_ms / 1000 - lookahead - took - 1 / self.info.fps
+        budget = self.playout_s - lookahead - took - 1 / self.info.fps
         return min(self.config.max_lag_ms / 1000, max(BLOCK_S, budget))
 
     # -- figures -----------------------------------------------------------------------------------
@@ -393,7 +415,7 @@ class AvatarSession:
             "skipped_frames": s.skipped_frames,
             "frames_generated": s.frames,
             "rtf": round(s.generate_seconds / media, 3) if s.frames else None,
-            "playout_delay_ms": self.config.playout_delay_ms,
+            "playout_delay_ms": round(self.playout_s * 1000),
             "av_offset_ms": av_offset_ms(self.video_lateness, self.audio_lateness),
             "queue_depth": self.frames.depth,
             "speech_pending_s": round(self.pending_s, 2),

@@ -101,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--reference", help="avatar image; default: the bundled avatar")
     sv.add_argument("--prompt", default="", help="initial style prompt of each session")
     sv.add_argument("--max-sessions", type=int, default=1, help="concurrent calls at most")
-    sv.add_argument("--playout-delay-ms", type=int, default=None, help="audio-to-screen delay")
+    sv.add_argument(
+        "--playout-delay-ms",
+        type=int,
+        default=None,
+        help="audio-to-screen delay (default: two chunks + look-ahead + 40 ms)",
+    )
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and connections")
     add_video_args(sv)
     add_model_args(sv)

@@ -18,8 +18,12 @@ from rtc.live import LiveConfig
 from rtc.server import AvatarServer
 
 # Live calls trade throughput for latency: short N chunks (a chunk's audio must be heard before
-# it is generated), the same I-chunk smoothing. Measured by `talkloop bench`.
-LIVE_SCHEDULE = {"first_len": 2, "n_len": 6, "i_len": 2, "ctx_len": 2}
+# it is generated, and the playout delay is two chunks plus the look-ahead, see
+# agent.session.default_playout_s), the same I-chunk smoothing. `talkloop bench --live`, 30 s calls
+# with the trained model at 2/1 steps on the 2-core CPU: 6-frame chunks (500 ms playout):
+# glass-to-glass p50 584 / p95 612 ms, 2% late frames; 4-frame chunks (400 ms): p50 500 / p95
+# 515 ms, 5-9% late frames (in-server rtf 0.85-0.9 against 0.66-0.76).
+LIVE_SCHEDULE = {"first_len": 2, "n_len": 4, "i_len": 2, "ctx_len": 2}
 
 NO_WEIGHTS_NOTICE = (
     "No trained weights are installed: the avatar runs on random weights, so the video shows "
@@ -27,7 +31,7 @@ NO_WEIGHTS_NOTICE = (
 )
 
 
-# Fewer Euler steps live: with 6-frame chunks the per-call cost dominates, and 4/2 steps do not
+# Fewer Euler steps live: with short chunks the per-call cost dominates, and 4/2 steps do not
 # keep up with real time on a 2-core CPU next to the WebRTC encoder (measured with `talkloop
 # bench --live`: rtf 1.06 at 4/2 steps, generation alone 0.74; at 2/1 steps 0.53).
 LIVE_SAMPLER = {"steps": 2, "i_steps": 1}

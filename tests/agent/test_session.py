@@ -230,3 +230,18 @@ def test_catch_up_bound_follows_the_measured_chunk_time(live_pipeline) -> None:
     assert capped.lag_budget() == pytest.approx(0.1)
     for a in (avatar, capped):
         run(a.close())
+
+
+def test_default_playout_delay_is_two_chunks_plus_the_lookahead(live_pipeline) -> None:
+    avatar = AvatarSession(live_pipeline, make_reference(), clock=ManualClock())
+    info = live_pipeline.info
+    chunk = live_pipeline.config.schedule.n_len / info.fps
+    expected = 2 * chunk + live_pipeline.lookahead_samples / info.sample_rate + 0.04
+    assert avatar.playout_s == pytest.approx(expected)
+    assert avatar.stats()["playout_delay_ms"] == round(expected * 1000)
+    given = AvatarSession(
+        live_pipeline, make_reference(), config=AvatarConfig(playout_delay_ms=700)
+    )
+    assert given.playout_s == pytest.approx(0.7)
+    for a in (avatar, given):
+        run(a.close())
