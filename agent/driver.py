@@ -29,6 +29,8 @@ from agent.clock import MediaClock
 from agent.frames import PlaybackEvent, PlaybackFinished, PlaybackStarted
 from pipeline.core.errors import BusyError
 
+QUIET_RMS = 0.005  # about -46 dBFS: microphone audio this quiet may be dropped to cut latency
+
 
 class PlayoutBuffer:
     """The last ``capacity`` driving samples, addressed by absolute sample index."""
@@ -122,6 +124,7 @@ class AudioDriver:
         self._blk_pos = np.zeros(ring, dtype=np.int64)
         self._blk_last = np.zeros(ring, dtype=bool)
         self.mic_dropped_samples = 0
+        self.mic_trimmed_samples = 0
         self.speech_dropped_samples = 0
 
     # -- inputs (event loop) ----------------------------------------------------------------------
@@ -134,6 +137,11 @@ class AudioDriver:
             old, _ = self._mic.popleft()  # too much backlog: the oldest audio goes
             self._mic_len -= old.shape[0]
             self.mic_dropped_samples += old.shape[0]
+
+    @property
+    def mic_backlog_samples(self) -> int:
+        """Microphone samples that arrived and wait for their block (latency the user feels)."""
+        return self._mic_len
 
     @property
     def pending_samples(self) -> int:
@@ -307,6 +315,18 @@ class AudioDriver:
     def _take_mic(self, n: int) -> tuple[np.ndarray | None, float | None]:
         if not self._mic:
             return None, None
+        # Microphone audio that waits for its block is latency the user feels on every word, and
+        # a backlog, once there (packets released in a burst, a call that started with some
+        # queued), would stay for good: blocks leave exactly as fast as packets come. It is worked
+        # off in quiet stretches, where dropping audio cannot be heard, down to half a block
+        # waiting beyond the block taken now.
+        while (
+            self._mic_len - self._mic[0][0].shape[0] >= n + n // 2
+            and float(np.sqrt(np.mean(np.square(self._mic[0][0])))) < QUIET_RMS
+        ):
+            old, _ = self._mic.popleft()
+            self._mic_len -= old.shape[0]
+            self.mic_trimmed_samples += old.shape[0]
         arrived = self._mic[0][1]
         out = np.zeros(n, dtype=np.float32)
         got = _fill(out, self._mic, lambda e: e[0], lambda e, rest: (rest, e[1]))

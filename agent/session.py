@@ -51,7 +51,7 @@ def default_playout_s(pipeline: Pipeline) -> float:
     A chunk can start once the audio of its last frame plus the look-ahead has arrived (one chunk
     of audio after its first frame's); generating it may take up to one chunk's duration if
     generation is to keep up at all; two driving blocks cover the hand-offs. So: two chunks plus
-    the look-ahead plus 40 ms (live schedule, 4 frames at 25 fps: 400 ms).
+    the look-ahead plus 40 ms (live schedule, 5 frames at 25 fps: 480 ms).
     """
     info = pipeline.info
     chunk = pipeline.config.schedule.n_len / info.fps
@@ -420,6 +420,8 @@ class AvatarSession:
             "queue_depth": self.frames.depth,
             "speech_pending_s": round(self.pending_s, 2),
             "mic_dropped_ms": round(1000 * self.driver.mic_dropped_samples / self.sample_rate),
+            "mic_backlog_ms": round(1000 * self.driver.mic_backlog_samples / self.sample_rate),
+            "mic_trimmed_ms": round(1000 * self.driver.mic_trimmed_samples / self.sample_rate),
             "error": None if self.error is None else str(self.error),
             "mirrors": [m.status.line() for m in self.mirrors if hasattr(m, "status")],
         }

@@ -18,12 +18,13 @@ from rtc.live import LiveConfig
 from rtc.server import AvatarServer
 
 # Live calls trade throughput for latency: short N chunks (a chunk's audio must be heard before
-# it is generated, and the playout delay is two chunks plus the look-ahead, see
+# it is generated, and the playout delay is two chunks plus the look-ahead plus 40 ms, see
 # agent.session.default_playout_s), the same I-chunk smoothing. `talkloop bench --live`, 30 s calls
-# with the trained model at 2/1 steps on the 2-core CPU: 6-frame chunks (500 ms playout):
-# glass-to-glass p50 584 / p95 612 ms, 2% late frames; 4-frame chunks (400 ms): p50 500 / p95
-# 515 ms, 5-9% late frames (in-server rtf 0.85-0.9 against 0.66-0.76).
-LIVE_SCHEDULE = {"first_len": 2, "n_len": 4, "i_len": 2, "ctx_len": 2}
+# with the trained model at 2/1 steps on the 2-core CPU, back to back: 6-frame chunks at 500 ms:
+# glass-to-glass p50 565 / p95 606 ms, 8% late frames (in-server rtf 0.83); 5-frame chunks at
+# 480 ms: p50 543 / p95 572 ms, 9% late (rtf 0.92). 4-frame chunks (400 ms) reach p95 ~520 ms but
+# their in-server rtf (0.85-1.15 as this VM's speed drifts) leaves 5-40% of frames late.
+LIVE_SCHEDULE = {"first_len": 2, "n_len": 5, "i_len": 2, "ctx_len": 2}
 
 NO_WEIGHTS_NOTICE = (
     "No trained weights are installed: the avatar runs on random weights, so the video shows "

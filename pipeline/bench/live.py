@@ -104,8 +104,13 @@ async def measure(spec: dict) -> dict:
             if len(offsets) >= 3
             else None,
         },
+        "frames_sent": last.get("frames_sent"),
         "late_frames": last.get("late_frames"),
         "dropped_frames": last.get("dropped_frames"),
+        "skipped_frames": last.get("skipped_frames"),
+        # Cumulative late frames at every stats message (one a second): when they happened.
+        "late_timeline": [s.get("late_frames") for s in result.stats],
+        "mic_backlog_ms": [s.get("mic_backlog_ms") for s in result.stats],
         "rtf": last.get("rtf"),
         "peak_rss_mb": float(mem[:, 1].max()) if mem.size else None,
         "mem_slope_mb_per_min": slope,

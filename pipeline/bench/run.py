@@ -171,8 +171,8 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         f"({g['samples']} frames)"
     )
     print(
-        f"fps {r['fps']:.2f}  codec {r['codec']}  late {r['late_frames']}  dropped "
-        f"{r['dropped_frames']}  rtf {r['rtf']}"
+        f"fps {r['fps']:.2f}  codec {r['codec']}  late {r['late_frames']} of {r['frames_sent']} "
+        f"sent  dropped {r['dropped_frames']}  skipped {r['skipped_frames']}  rtf {r['rtf']}"
     )
     print(
         f"av_offset_ms end {_fmt(a['end'])}  max |.| {_fmt(a['max_abs'])}  trend "
