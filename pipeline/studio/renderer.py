@@ -30,6 +30,7 @@ _BROW_GAP = 0.07
 _NOSE_Y = 0.17
 _MOUTH_Y = 0.4
 _PAD_PX = 2
+_SMILE_LIFT = 0.09  # head units the mouth corners rise at smile 1
 
 
 @dataclass
@@ -228,6 +229,7 @@ class Renderer:
         self._ears(b)
         self._face(b)
         self._nose(b)
+        self._smile_lines(b)
         self._mouth(b)
         for side in (-1.0, 1.0):
             self._eye(b, side)
@@ -301,11 +303,33 @@ class Renderer:
         hl = _ellipse(u + 0.012, v - ny + 0.035 * ns, 0.018 * ns, 0.012 * ns)
         b.paint(ys, xs, _cov(hl, 0.03) * 0.35, _rgb((1.0, 1.0, 1.0)))
 
+    def _smile_lines(self, b: _Batch) -> None:
+        """What a smile does beyond the lips: raised cheeks and the folds beside the mouth."""
+        ch = self.ch
+        sm = b.p["smile"].clamp(0.0, 1.0)  # (T, 1, 1)
+        if float(sm.max()) <= 0.0:
+            return
+        w = ch.mouth_base_width * (1 + 0.2 * sm)
+        top = _NOSE_Y - 0.02
+        box = (-ch.face_width, top - 0.12, ch.face_width, _MOUTH_Y + 0.12)
+        ys, xs = b.region(box, _MOUTH_DEPTH)
+        u, v = b.local(ys, xs, _MOUTH_DEPTH)
+        # Cheeks lift and catch the light.
+        for side in (-1.0, 1.0):
+            cheek = _ellipse(u - side * ch.face_width * 0.52, v - (0.27 - 0.05 * sm), 0.13, 0.08)
+            b.paint(ys, xs, _cov(cheek, 0.08) * (0.3 * sm), _rgb(ch.skin, 1.12))
+        # Folds from beside the nose to beyond the mouth corners: the outer parts of one ellipse.
+        ra, rb = w + 0.06, _MOUTH_Y + 0.05 - top
+        ring = _ellipse(u, v - (_MOUTH_Y - 0.02), ra, rb).abs() - 0.006
+        span = torch.maximum(top - v, v - (_MOUTH_Y + 0.03))
+        fold = torch.maximum(ring, torch.maximum(0.55 * ra - u.abs(), span))
+        b.paint(ys, xs, _cov(fold, b.px * 1.5) * (0.45 * sm), _rgb(ch.skin, 0.72))
+
     def mouth_geometry(self, p: dict[str, Tensor]) -> dict[str, Tensor]:
         """Mouth shape in head units from parameters (tensors broadcast over frames)."""
         ch = self.ch
         op, rd, sm = p["mouth_open"], p["mouth_round"], p["smile"]
-        w = ch.mouth_base_width * (1 + 0.25 * p["mouth_width"] - 0.4 * rd + 0.12 * sm)
+        w = ch.mouth_base_width * (1 + 0.25 * p["mouth_width"] - 0.4 * rd + 0.2 * sm)
         up = 0.06 * op * (1 + 0.3 * rd)
         dn = 0.11 * op * (1 + 0.3 * rd) + 0.03 * p["jaw"]
         full = ch.lip_fullness * (1 + 0.5 * rd)
@@ -321,7 +345,7 @@ class Renderer:
         ys, xs = b.region(box, _MOUTH_DEPTH)
         u, v = b.local(ys, xs, _MOUTH_DEPTH)
         # Bend the mouth line: corners up with a smile, down with a frown.
-        vb = v - my + b.p["smile"] * 0.04 * (u / w) ** 2
+        vb = v - my + b.p["smile"] * _SMILE_LIFT * (u / w) ** 2
         top = vb < 0
         lips = _ellipse(u, vb, w + 0.02, torch.where(top, up + g["lip_up"], dn + g["lip_dn"]))
         b.paint(ys, xs, _cov(lips, b.px) * 0.9, _rgb(ch.lip), 1.0 + 0.12 * (vb > 0).float())
@@ -360,6 +384,9 @@ class Renderer:
         arc = rh * torch.sqrt((1.0 - (du / rw) ** 2).clamp(min=0.0))
         lid = -(1.0 - 2.0 * b.p["blink"]) * arc  # upper lid edge, relative to ey
         vis = torch.maximum(sclera, lid - dv)
+        # A smile pushes the lower lid up (the eyes narrow).
+        low = (1.0 - 0.5 * b.p["smile"].clamp(0.0, 1.0)) * arc
+        vis = torch.maximum(vis, dv - low)
         vis_a = _cov(vis, b.px)
         b.paint(ys, xs, vis_a, _rgb((0.98, 0.98, 0.97)))
         ri = rh * 0.8

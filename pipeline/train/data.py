@@ -22,6 +22,7 @@ from pipeline.core.clock import frame_start_sample
 from pipeline.studio.dataset import Clip, load_clip, make_clip, region_weights, write_clip
 from pipeline.studio.params import FrameParams
 from pipeline.studio.renderer import Renderer
+from pipeline.studio.style import Style
 
 
 def clip_paths(folder: Path) -> list[Path]:
@@ -115,6 +116,7 @@ class ClipArrays:
     mouth_open: np.ndarray  # (T,) float32
     smile: np.ndarray  # (T,) float32
     prompt: str
+    style: Style  # what the prompt describes (training re-describes it with other phrases)
     crop: np.ndarray  # (3,) mouth crop (cx, cy, side) in pixels
     weights_lr: Tensor  # (T, 1, h, w) float16 region weights at latent resolution
     latents: Tensor | None = None  # (T, C, h, w) float16 scaled VAE latents
@@ -156,6 +158,7 @@ def clip_arrays(clip: Clip, encoder: torch.nn.Module, latent_factor: int) -> Cli
         mouth_open=clip.params["mouth_open"].copy(),
         smile=clip.params["smile"].copy(),
         prompt=clip.prompt,
+        style=clip.style,
         crop=mouth_crop_box(face, mouth),
         weights_lr=w_lr,
     )

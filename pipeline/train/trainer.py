@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -27,6 +28,7 @@ from pipeline.models.registry import STUDIO_MODULES
 from pipeline.models.studio.a2v import lowres
 from pipeline.models.studio.family import StudioConfig, build_networks
 from pipeline.models.studio.sampling import flow_matching_loss
+from pipeline.studio.style import describe
 from pipeline.train.config import PhaseConfig, TrainConfig
 from pipeline.train.data import (
     ClipArrays,
@@ -46,6 +48,7 @@ LATENT_CACHE = "latents.safetensors"
 # Share of a --minutes budget per phase (A2V carries the content, so it gets the most).
 BUDGET_SHARE = {"vae": 0.3, "a2v": 0.5, "sr": 0.12, "readout": 0.08}
 TRAINED = ("vae", "audio_encoder", "a2v", "sr")
+PROMPT_VARIANTS = 8  # prompts per clip the A2V phase draws from (see _text_embeddings)
 
 
 def lr_at(step: int, pc: PhaseConfig, total: int) -> float:
@@ -341,6 +344,7 @@ class Trainer:
             mask[:, -1] = True
         pos = torch.arange(f, dtype=torch.float32)[None].expand(b, f) - n_given_front
         clips = torch.randint(len(arrays), (b,), generator=g).tolist()
+        variant = torch.randint(text.shape[1], (b,), generator=g)
         x0, mel, ref, wmap = [], [], [], []
         for ci in clips:
             a = arrays[ci]
@@ -360,12 +364,12 @@ class Trainer:
                 pos.contiguous(),
                 torch.stack(ref),
                 audio,
-                text[clips],
+                text[clips, variant],
                 g,
                 given_noise_max=cfg.given_noise_max,
                 audio_drop_prob=cfg.audio_drop,
                 text_drop_prob=cfg.text_drop,
-                text_present=has_text[clips],
+                text_present=has_text[clips, variant],
                 weight=torch.stack(wmap),
             )
         return loss, {"pattern": pattern, "frames": f, "batch": b}
@@ -515,10 +519,19 @@ class Trainer:
         return losses
 
     def _text_embeddings(self, arrays: list[ClipArrays]) -> tuple[Tensor, Tensor]:
-        prompts = [a.prompt for a in arrays]
-        has = torch.tensor([bool(p.strip()) for p in prompts])
+        """Embeddings of ``PROMPT_VARIANTS`` prompts per clip: ``(N, K, D)`` and ``(N, K)`` bool.
+
+        Variant 0 is the clip's own prompt; the others describe the same style with freshly drawn
+        training phrases, so the model learns what the words mean, not one sentence per clip.
+        """
+        prompts = []
+        for k, a in enumerate(arrays):
+            rng = np.random.default_rng([self.cfg.seed, k, 0x7E47])
+            prompts.append(a.prompt)
+            prompts.extend(describe(a.style, rng) for _ in range(PROMPT_VARIANTS - 1))
+        has = torch.tensor([bool(p.strip()) for p in prompts]).view(len(arrays), -1)
         emb = self.nets["text_encoder"].encode([p if p.strip() else "-" for p in prompts])
-        return emb, has
+        return emb.view(len(arrays), PROMPT_VARIANTS, -1), has
 
     def _counter(self, desc: str, total: int) -> Callable[[int], None] | None:
         if not self.progress:

@@ -102,3 +102,34 @@ def test_saved_weights_load_and_render(clips: Path, tmp_path: Path) -> None:
     frames = sink.all_frames()
     assert frames.shape == (25, 64, 64, 3) and frames.dtype == np.uint8
     assert frames.std() > 1.0  # not a constant image
+
+
+def test_a2v_prompts_redescribe_each_clips_style_with_training_phrases(
+    clips: Path, tmp_path: Path
+) -> None:
+    """Variant 0 is the clip's own prompt; the others are fresh training-bank descriptions of the
+    same style (so the model learns the words, not one sentence per clip)."""
+    from pipeline.studio.style import describe
+    from pipeline.train.trainer import PROMPT_VARIANTS
+
+    trainer = Trainer(_recipe(), tmp_path, data=clips, progress=False)
+    trainer.prepare_pixels()
+    seen: list[str] = []
+    encode = trainer.nets["text_encoder"].encode
+
+    def spy(texts: list[str]) -> torch.Tensor:
+        seen.extend(texts)
+        return encode(texts)
+
+    trainer.nets["text_encoder"].encode = spy
+    emb, has = trainer._text_embeddings(trainer.arrays)
+    n = len(trainer.arrays)
+    assert emb.shape == (n, PROMPT_VARIANTS, 384) and has.shape == (n, PROMPT_VARIANTS)
+    for k, a in enumerate(trainer.arrays):
+        mine = seen[k * PROMPT_VARIANTS : (k + 1) * PROMPT_VARIANTS]
+        assert mine[0] == (a.prompt if a.prompt.strip() else "-")
+        rng = np.random.default_rng([trainer.cfg.seed, k, 0x7E47])
+        again = [describe(a.style, rng) for _ in range(PROMPT_VARIANTS - 1)]
+        assert mine[1:] == [p if p.strip() else "-" for p in again]
+        assert has[k].tolist() == [bool(p.strip()) for p in [a.prompt, *again]]
+    assert len(set(seen)) > n  # the variants really differ from the clips' own prompts
