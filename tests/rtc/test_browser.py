@@ -30,6 +30,7 @@ def test_browser_call_decodes_video_without_freezes() -> None:
     assert r["notice"] == "No trained weights are installed (test)."  # the banner shows it
     assert r["agent_url"].startswith("ws://127.0.0.2:") and r["agent_url"].endswith("&role=agent")
     assert r["sessions_left"] == 0  # ending the call in the page freed the session
+    assert [m for m in r["console"] if m.startswith("error")] == []  # e.g. no 404 for an icon
     assert shot.stat().st_size > 10_000
 
 
