@@ -309,7 +309,7 @@ class Renderer:
         sm = b.p["smile"].clamp(0.0, 1.0)  # (T, 1, 1)
         if float(sm.max()) <= 0.0:
             return
-        w = ch.mouth_base_width * (1 + 0.2 * sm)
+        w = self.mouth_geometry(b.p)["w"]  # the folds bracket the mouth as drawn
         top = _NOSE_Y - 0.02
         box = (-ch.face_width, top - 0.12, ch.face_width, _MOUTH_Y + 0.12)
         ys, xs = b.region(box, _MOUTH_DEPTH)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pipeline.core.clock import frame_start_sample
+from pipeline.studio.character import Character
 from pipeline.studio.dataset import Clip, load_clip, make_clip, region_weights, write_clip
 from pipeline.studio.params import FrameParams
 from pipeline.studio.renderer import Renderer
@@ -94,9 +95,9 @@ def audio_windows(
     return torch.from_numpy(padded[idx])  # (T, window)
 
 
-def neutral_boxes(clip: Clip, size: int) -> tuple[np.ndarray, np.ndarray]:
+def neutral_boxes(character: Character, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Face and mouth boxes ``(4,)`` of the character's neutral pose (what the reference shows)."""
-    face, mouth, _ = Renderer(clip.character, size).boxes(FrameParams.neutral(1))
+    face, mouth, _ = Renderer(character, size).boxes(FrameParams.neutral(1))
     return face[0], mouth[0]
 
 
@@ -105,6 +106,11 @@ def mouth_crop_box(face: np.ndarray, mouth: np.ndarray) -> np.ndarray:
     cx, cy = (mouth[0] + mouth[2]) / 2, (mouth[1] + mouth[3]) / 2
     side = 0.75 * (face[2] - face[0])
     return np.array([cx, cy, side], np.float32)
+
+
+def mouth_crop(character: Character, size: int) -> np.ndarray:
+    """The readout's mouth crop ``(cx, cy, side)`` for frames of ``character`` at ``size`` px."""
+    return mouth_crop_box(*neutral_boxes(character, size))
 
 
 @dataclass
@@ -151,7 +157,6 @@ def clip_arrays(clip: Clip, encoder: torch.nn.Module, latent_factor: int) -> Cli
     w = torch.from_numpy(region_weights(clip))[:, None]  # (T, 1, H, W)
     w_lr = F.avg_pool2d(w, latent_factor).half()  # (T, 1, h, w)
     size = clip.frames.shape[1]
-    face, mouth = neutral_boxes(clip, size)
     return ClipArrays(
         clip_id=clip.clip_id,
         mel=mel,
@@ -159,7 +164,7 @@ def clip_arrays(clip: Clip, encoder: torch.nn.Module, latent_factor: int) -> Cli
         smile=clip.params["smile"].copy(),
         prompt=clip.prompt,
         style=clip.style,
-        crop=mouth_crop_box(face, mouth),
+        crop=mouth_crop(clip.character, size),
         weights_lr=w_lr,
     )
 

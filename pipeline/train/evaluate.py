@@ -21,7 +21,7 @@ from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from pipeline.models.registry import installed_weights
 from pipeline.studio.dataset import Clip, make_clip
 from pipeline.studio.style import field_phrases
-from pipeline.train.data import mouth_crop_box, neutral_boxes
+from pipeline.train.data import mouth_crop, neutral_boxes
 from pipeline.train.metrics import (
     drift_per_minute,
     envelope,
@@ -151,7 +151,7 @@ def evaluate(
     shown: list[tuple[Clip, np.ndarray, np.ndarray]] = []
     for k, clip in enumerate(test):
         say(f"clip {k + 1}/{clips} ({clip.num_frames} frames)")
-        crop = _crop(clip, v.width)
+        crop = mouth_crop(clip.character, v.width)
         frames = _generate(pipeline, clip.reference, clip.audio, clip.prompt)
         n = min(len(frames), clip.num_frames)
         read = read_frames(readout, frames[:n], crop)
@@ -176,7 +176,7 @@ def evaluate(
     clip0 = test[0]
     audio0 = clip0.audio[: int(PROMPT_SECONDS * clip0.sample_rate)]
     smiling, serious = _held_out_prompts(min(2, clips))
-    crop0 = _crop(clip0, v.width)
+    crop0 = mouth_crop(clip0.character, v.width)
 
     def smile_of(prompt: str) -> float:
         return float(
@@ -213,11 +213,6 @@ def evaluate(
     return result
 
 
-def _crop(clip: Clip, size: int) -> np.ndarray:
-    face, mouth = neutral_boxes(clip, size)
-    return mouth_crop_box(face, mouth)
-
-
 def _drift(pipeline: Pipeline, test: list[Clip], minutes: float) -> dict:
     clip0, fps = test[0], pipeline.config.video.fps
     sr = clip0.sample_rate
@@ -230,7 +225,7 @@ def _drift(pipeline: Pipeline, test: list[Clip], minutes: float) -> dict:
             if total >= need:
                 break
     audio = np.concatenate(parts)[:need]
-    face, _ = neutral_boxes(clip0, pipeline.config.video.width)
+    face, _ = neutral_boxes(clip0.character, pipeline.config.video.width)
     n_frames = max(1, need * fps // sr)
     sink = _Drift(clip0.reference, face, keep_every=max(1, n_frames // 8))
     session = pipeline.open_session(clip0.reference, "", [sink])

@@ -17,9 +17,7 @@ from pipeline.core.pipeline import Pipeline
 from pipeline.models.registry import DEFAULT_REFERENCE_SEED, default_reference, installed_weights
 from pipeline.reference import load_reference
 from pipeline.studio.character import sample_character
-from pipeline.studio.params import FrameParams
-from pipeline.studio.renderer import Renderer
-from pipeline.train.data import mouth_crop_box
+from pipeline.train.data import mouth_crop
 from pipeline.train.readout import load_readout, read_frames
 from rtc.app import live_config_dict
 from rtc.client import run_call
@@ -51,10 +49,8 @@ async def main() -> None:
     await server.stop()
     frames = np.stack(r.frames)
     readout, _ = load_readout(installed_weights())
-    face, mouth, _ = Renderer(sample_character(DEFAULT_REFERENCE_SEED), 256).boxes(
-        FrameParams.neutral(1)
-    )
-    opening = read_frames(readout, frames, mouth_crop_box(face[0], mouth[0]))[:, 0]
+    crop = mouth_crop(sample_character(DEFAULT_REFERENCE_SEED), 256)
+    opening = read_frames(readout, frames, crop)[:, 0]
     # Which frames show speech is read from the audio that came back with them (the driving
     # audio, sent on the same clock), by arrival time: no assumption about call set-up delays.
     arrived = np.array(r.video_times[: len(frames)])
