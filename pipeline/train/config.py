@@ -55,10 +55,6 @@ class TrainConfig(BaseModel):
     given_noise_max: float = Field(0.05, ge=0.0, le=0.5)
     audio_drop: float = Field(0.15, ge=0.0, le=1.0)
     text_drop: float = Field(0.2, ge=0.0, le=1.0)
-    # The A2V prompt projection starts far smaller than the timestep embedding it joins (norm ~1.4
-    # vs ~24): at the shared rate a 9,000-step run left it at its initial weights and the prompt
-    # changed nothing. Its parameters learn this many times faster.
-    text_lr_scale: float = Field(10.0, gt=0.0, le=1000.0)
     # SR: the low-res input is noised so SR learns to fix small A2V errors.
     sr_input_noise: float = Field(0.1, ge=0.0, le=1.0)
     checkpoint_every: int = Field(200, ge=1)

@@ -170,14 +170,12 @@ class Trainer:
     def run_phase(
         self,
         name: str,
-        params: list[dict],
+        params: list[nn.Parameter],
         step_fn: Callable[[], tuple[Tensor, dict[str, float]]],
     ) -> None:
-        """Optimise the parameter groups ``params`` with ``step_fn`` (returns the loss and scalars
-        to log). A group's ``lr_scale`` multiplies the phase's learning rate for it."""
+        """Optimise ``params`` with ``step_fn`` (returns the loss and scalars to log)."""
         pc: PhaseConfig = getattr(self.cfg, name)
         opt = torch.optim.AdamW(params, lr=pc.lr, weight_decay=pc.weight_decay)
-        flat = [p for g in opt.param_groups for p in g["params"]]
         start, total = 0, pc.steps
         rs = self.resume_state
         if rs is not None and rs["phase"] == name:
@@ -194,12 +192,12 @@ class Trainer:
         ema: float | None = None
         while step < total:
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, pc, total) * group.get("lr_scale", 1.0)
+                group["lr"] = lr_at(step, pc, total)
             t0 = time.perf_counter()
             loss, extra = step_fn()
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            gnorm = float(torch.nn.utils.clip_grad_norm_(flat, pc.clip_grad))
+            gnorm = float(torch.nn.utils.clip_grad_norm_(params, pc.clip_grad))
             opt.step()
             dt = time.perf_counter() - t0
             step += 1
@@ -472,30 +470,21 @@ class Trainer:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_file(latent_cache_state(self.arrays), str(cache))
 
-    def _phase(self, name: str) -> tuple[list[dict], Callable[[], tuple[Tensor, dict]]]:
-        """Parameter groups and step function of a phase (data must be prepared for it)."""
+    def _phase(self, name: str) -> tuple[list[nn.Parameter], Callable[[], tuple[Tensor, dict]]]:
+        """Parameters and step function of a phase (data must be prepared for it)."""
         if name == "vae":
             vae = self.nets["vae"].train().to(memory_format=torch.channels_last)
-            return [{"params": list(vae.parameters())}], lambda: self._vae_step(self.bank)
+            return list(vae.parameters()), lambda: self._vae_step(self.bank)
         if name == "a2v":
             text, has_text = self._text_embeddings(self.arrays)
             a2v, enc = self.nets["a2v"].train(), self.nets["audio_encoder"].train()
-            # The prompt path learns faster: its projection starts ~15x smaller than the timestep
-            # embedding it is added to, and only the first-chunk pattern needs it (see config).
-            text_params = list(a2v.text_proj.parameters())
-            mine = {id(p) for p in text_params}
-            rest = [p for p in [*a2v.parameters(), *enc.parameters()] if id(p) not in mine]
-            groups = [
-                {"params": rest},
-                {"params": text_params, "lr_scale": self.cfg.text_lr_scale},
-            ]
-            return groups, lambda: self._a2v_step(self.arrays, text, has_text)
+            params = list(a2v.parameters()) + list(enc.parameters())
+            return params, lambda: self._a2v_step(self.arrays, text, has_text)
         if name == "sr":
-            params = list(self.nets["sr"].train().parameters())
-            return [{"params": params}], lambda: self._sr_step(self.arrays)
+            return list(self.nets["sr"].train().parameters()), lambda: self._sr_step(self.arrays)
         crops, targets = self._readout_data(self.bank)
         params = list(self.readout.train().parameters())
-        return [{"params": params}], lambda: self._readout_step(crops, targets)
+        return params, lambda: self._readout_step(crops, targets)
 
     def run(self) -> Path:
         """Run every phase not done yet and export the weights into ``out``."""
@@ -517,7 +506,6 @@ class Trainer:
         """
         params, step_fn = self._phase(name)
         opt = torch.optim.AdamW(params, lr=lr or getattr(self.cfg, name).lr)
-        flat = [p for g in opt.param_groups for p in g["params"]]
         state = self.gen.get_state()
         losses = []
         for _ in range(steps):
@@ -525,7 +513,7 @@ class Trainer:
             loss, _ = step_fn()
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(flat, getattr(self.cfg, name).clip_grad)
+            torch.nn.utils.clip_grad_norm_(params, getattr(self.cfg, name).clip_grad)
             opt.step()
             losses.append(float(loss.detach()))
         return losses
