@@ -18,6 +18,7 @@ METRICS = (
     ("lipsync_corr", "mouth opening read from frames vs ground truth", ">= 0.7"),
     ("lipsync_lag_ms", "lag of that correlation's peak", "abs <= 40"),
     ("lipsync_corr_at_0", "correlation at zero lag", ""),
+    ("lipsync_corr_clip_mean", "mean of each clip's own correlation (timing only)", ""),
     ("readout_corr_gt", "readout on ground-truth frames (its ceiling)", ""),
     ("seam_ratio", "frame change at chunk seams / elsewhere, with I chunks", "<= 1.15"),
     ("seam_ratio_no_i", "the same without I chunks", "> seam_ratio"),

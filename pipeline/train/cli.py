@@ -15,6 +15,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--preset", choices=["default", "tiny"], default="default")
     t.add_argument("--data", type=Path, help="studio clips (index.jsonl); default: generate")
     t.add_argument("--clips", type=int, help="clips to generate when --data is not given")
+    t.add_argument(
+        "--clips-per-character",
+        type=int,
+        help="generated clips per studio character (default 4: each face shows several styles)",
+    )
     t.add_argument("--steps-vae", type=int, help="VAE steps (recipe default otherwise)")
     t.add_argument("--steps-a2v", type=int, help="audio encoder + A2V steps")
     t.add_argument("--steps-sr", type=int, help="SR steps")
@@ -54,6 +59,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.clips < 1:
             raise ConfigError(f"--clips must be >= 1, got {args.clips}")
         updates["clips"] = args.clips
+    if args.clips_per_character is not None:
+        if args.clips_per_character < 1:
+            raise ConfigError(
+                f"--clips-per-character must be >= 1, got {args.clips_per_character}"
+            )
+        updates["clips_per_character"] = args.clips_per_character
     if args.minutes is not None:
         if args.minutes <= 0:
             raise ConfigError(f"--minutes must be > 0, got {args.minutes}")

@@ -36,6 +36,13 @@ class TrainConfig(BaseModel):
     size: int = Field(256, ge=32, le=1024, description="frame side of the training clips")
     clips: int = Field(400, ge=1, description="training clips generated when --data is not given")
     seed: int = Field(0, ge=0)
+    clips_per_character: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="generated clips share characters: each face shows several styles, so only "
+        "the prompt tells which one a clip has (one clip per face lets the face stand for it)",
+    )
     vae: PhaseConfig = PhaseConfig(steps=8000, batch=8, lr=4e-4)
     a2v: PhaseConfig = PhaseConfig(steps=8000, batch=192, lr=3e-4, warmup=300)
     sr: PhaseConfig = PhaseConfig(steps=4000, batch=24, lr=4e-4)
@@ -82,3 +89,8 @@ class TrainConfig(BaseModel):
         else:
             base = cls()
         return base.model_copy(update=overrides) if overrides else base
+
+    @property
+    def characters(self) -> int:
+        """Size of the character pool the generated clips draw from."""
+        return -(-self.clips // self.clips_per_character)

@@ -35,9 +35,9 @@ def clip_paths(folder: Path) -> list[Path]:
     return [folder / r["clip_id"] for r in rows]
 
 
-def _write_one(job: tuple[str, int, int, int, str]) -> dict[str, object]:
-    split, index, seed, size, folder = job
-    clip = make_clip(split, index, seed, size=size)
+def _write_one(job: tuple[str, int, int, int, str, int | None]) -> dict[str, object]:
+    split, index, seed, size, folder, characters = job
+    clip = make_clip(split, index, seed, size=size, characters=characters)
     write_clip(clip, folder)
     return {"clip_id": clip.clip_id, "frames": clip.num_frames, "prompt": clip.prompt}
 
@@ -50,8 +50,11 @@ def ensure_dataset(
     split: str = "train",
     workers: int = 2,
     progress: Callable[[int], None] | None = None,
+    characters: int | None = None,
 ) -> Path:
     """Write ``clips`` clips of ``split`` to ``folder`` unless its index already lists them.
+
+    ``characters`` limits the clips to the split's first N characters (see ``make_clip``).
 
     Clip generation is CPU-bound Python + espeak (~1.4 s a 165-frame clip per core), so it runs
     in ``workers`` processes; the index is written last, so a half-written folder is redone.
@@ -60,7 +63,7 @@ def ensure_dataset(
     index = folder / "index.jsonl"
     if index.is_file() and len(index.read_text().splitlines()) >= clips:
         return folder
-    jobs = [(split, i, seed, size, str(folder)) for i in range(clips)]
+    jobs = [(split, i, seed, size, str(folder), characters) for i in range(clips)]
     rows: list[dict[str, object]] = []
     if workers > 1:
         with mp.get_context("spawn").Pool(workers) as pool:

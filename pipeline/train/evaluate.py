@@ -36,6 +36,7 @@ FIELDS = (
     "lipsync_corr",
     "lipsync_lag_ms",
     "lipsync_corr_at_0",
+    "lipsync_corr_clip_mean",
     "readout_corr_gt",
     "seam_ratio",
     "seam_ratio_no_i",

@@ -439,6 +439,7 @@ class Trainer:
                 cfg.size,
                 cfg.seed,
                 progress=self._counter("data", cfg.clips),
+                characters=cfg.characters,
             )
         self.paths = clip_paths(folder)
         self.arrays, self.bank = load_all(

@@ -35,6 +35,15 @@ def test_eval_rejects_a_bad_clip_count(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--clips" in capsys.readouterr().err
 
 
+def test_train_rejects_a_bad_character_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    args = ["train", "--out", str(tmp_path), "--preset", "tiny", "--clips-per-character", "0"]
+    assert main(args) == 2
+    assert "--clips-per-character must be >= 1" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
 def test_model_card_reports_logged_phases_and_every_metric(tmp_path: Path) -> None:
     from pipeline.train.card import METRICS, write_model_card
     from pipeline.train.config import TrainConfig

@@ -32,6 +32,16 @@ def test_lipsync_of_unrelated_mouth_is_low() -> None:
     assert out["lipsync_corr"] < 0.3
 
 
+def test_pooled_lipsync_counts_amplitude_per_clip_and_the_clip_mean_does_not() -> None:
+    rng = np.random.default_rng(2)
+    truth = [rng.random(200) for _ in range(2)]
+    # Right timing, but the first clip moves 4x too little and the second 4x too much.
+    video = [truth[0] * 0.25, truth[1] * 4.0]
+    out = lipsync(video, truth, fps=25)
+    assert out["lipsync_corr_clip_mean"] == pytest.approx(1.0)
+    assert out["lipsync_corr"] < 0.9
+
+
 def test_seam_ratio_sees_a_jump_at_seams_only() -> None:
     frames = np.zeros((30, 8, 8, 3), np.uint8)
     frames[:, :, :, 0] = (np.arange(30) * 2)[:, None, None]  # smooth: red changes 2/255 a frame

@@ -133,3 +133,19 @@ def test_a2v_prompts_redescribe_each_clips_style_with_training_phrases(
         assert mine[1:] == [p if p.strip() else "-" for p in again]
         assert has[k].tolist() == [bool(p.strip()) for p in [a.prompt, *again]]
     assert len(set(seen)) > n  # the variants really differ from the clips' own prompts
+
+
+def test_generated_clips_share_characters_so_the_face_does_not_tell_the_style(
+    tmp_path: Path,
+) -> None:
+    """With every face in several clips (``clips_per_character``), only the prompt says which
+    style a clip has; one clip per face would let a network memorise "this face smiles"."""
+    from pipeline.studio.dataset import load_clip
+    from pipeline.train.data import clip_paths, ensure_dataset
+
+    cfg = TrainConfig.recipe("tiny", clips=4, clips_per_character=4)
+    assert cfg.characters == 1 and TrainConfig.recipe("default").characters == 100
+    folder = ensure_dataset(tmp_path, cfg.clips, 64, 0, workers=1, characters=cfg.characters)
+    loaded = [load_clip(p) for p in clip_paths(folder)]
+    assert len({c.character.seed for c in loaded}) == 1
+    assert len({c.style for c in loaded}) == 4
