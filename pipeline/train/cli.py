@@ -61,9 +61,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         updates["clips"] = args.clips
     if args.clips_per_character is not None:
         if args.clips_per_character < 1:
-            raise ConfigError(
-                f"--clips-per-character must be >= 1, got {args.clips_per_character}"
-            )
+            raise ConfigError(f"--clips-per-character must be >= 1, got {args.clips_per_character}")
         updates["clips_per_character"] = args.clips_per_character
     if args.minutes is not None:
         if args.minutes <= 0:

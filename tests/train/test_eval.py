@@ -35,9 +35,7 @@ def test_eval_rejects_a_bad_clip_count(tmp_path: Path, capsys: pytest.CaptureFix
     assert "--clips" in capsys.readouterr().err
 
 
-def test_train_rejects_a_bad_character_share(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def test_train_rejects_a_bad_character_share(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     args = ["train", "--out", str(tmp_path), "--preset", "tiny", "--clips-per-character", "0"]
     assert main(args) == 2
     assert "--clips-per-character must be >= 1" in capsys.readouterr().err
