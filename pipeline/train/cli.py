@@ -53,6 +53,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pipeline.train.config import TrainConfig
     from pipeline.train.trainer import train
 
+    if args.data is not None:
+        given = [f for f in ("clips", "clips_per_character") if getattr(args, f) is not None]
+        if given:
+            flags = " and ".join("--" + f.replace("_", "-") for f in given)
+            raise ConfigError(
+                f"{flags} only shape generated clips; --data {args.data} already has its clips "
+                "(make them with `talkloop studio dataset --clips N --characters M`)"
+            )
     cfg = TrainConfig.recipe(args.preset)
     updates: dict[str, object] = {"seed": args.seed}
     if args.clips is not None:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pipeline.core.clock import frame_start_sample
+from pipeline.core.errors import ConfigError
 from pipeline.studio.character import Character
 from pipeline.studio.dataset import Clip, load_clip, make_clip, region_weights, write_clip
 from pipeline.studio.params import FrameParams
@@ -58,10 +59,22 @@ def ensure_dataset(
 
     Clip generation is CPU-bound Python + espeak (~1.4 s a 165-frame clip per core), so it runs
     in ``workers`` processes; the index is written last, so a half-written folder is redone.
+    The parameters go to ``dataset.json``: a finished folder made with other ones is refused
+    rather than trained on (e.g. a resumed run whose character pool changed).
     """
     folder.mkdir(parents=True, exist_ok=True)
-    index = folder / "index.jsonl"
+    index, made_with = folder / "index.jsonl", folder / "dataset.json"
+    params = {"split": split, "seed": seed, "size": size, "characters": characters}
     if index.is_file() and len(index.read_text().splitlines()) >= clips:
+        old = json.loads(made_with.read_text()) if made_with.is_file() else params
+        changed = [
+            f"{k} {old.get(k)!r} (asked: {v!r})" for k, v in params.items() if old.get(k) != v
+        ]
+        if changed:
+            raise ConfigError(
+                f"{folder} already holds clips made with other settings: {', '.join(changed)}; "
+                "use another --out folder"
+            )
         return folder
     jobs = [(split, i, seed, size, str(folder), characters) for i in range(clips)]
     rows: list[dict[str, object]] = []
@@ -76,6 +89,7 @@ def ensure_dataset(
             rows.append(_write_one(job))
             if progress:
                 progress(len(rows))
+    made_with.write_text(json.dumps(params) + "\n")
     index.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 

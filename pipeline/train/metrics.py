@@ -16,6 +16,15 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> float:
     return float((a * b).sum() / den) if den > 1e-12 else 0.0
 
 
+def _at_lag(v: np.ndarray, t: np.ndarray, lag: int) -> tuple[np.ndarray, np.ndarray]:
+    """One clip's centred (truth, video) pairs with the video shifted ``lag`` frames late."""
+    n = min(len(v), len(t))
+    v, t = v[:n] - v[:n].mean(), t[:n] - t[:n].mean()
+    if lag >= 0:
+        return (t[: n - lag] if lag else t), v[lag:]
+    return t[-lag:], v[: n + lag]
+
+
 def lag_correlations(
     video: Sequence[np.ndarray], truth: Sequence[np.ndarray], max_lag: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -30,17 +39,10 @@ def lag_correlations(
     lags = np.arange(-max_lag, max_lag + 1)
     corrs = np.zeros(len(lags))
     for i, lag in enumerate(lags):
-        xs, ys = [], []
-        for v, t in zip(video, truth, strict=True):
-            n = min(len(v), len(t))
-            v, t = v[:n] - v[:n].mean(), t[:n] - t[:n].mean()
-            if lag >= 0:
-                xs.append(t[: n - lag] if lag else t)
-                ys.append(v[lag:])
-            else:
-                xs.append(t[-lag:])
-                ys.append(v[: n + lag])
-        corrs[i] = _pearson(np.concatenate(xs), np.concatenate(ys))
+        pairs = [_at_lag(v, t, int(lag)) for v, t in zip(video, truth, strict=True)]
+        corrs[i] = _pearson(
+            np.concatenate([x for x, _ in pairs]), np.concatenate([y for _, y in pairs])
+        )
     return lags, corrs
 
 
@@ -61,9 +63,9 @@ def lipsync(
     max_lag = int(round(max_lag_ms * fps / 1000.0))
     lags, corrs = lag_correlations(mouth_video, mouth_truth, max_lag)
     best = int(np.argmax(corrs))
+    lag = int(lags[best])
     per_clip = [
-        float(lag_correlations([v], [t], max_lag)[1][best])
-        for v, t in zip(mouth_video, mouth_truth, strict=True)
+        _pearson(*_at_lag(v, t, lag)) for v, t in zip(mouth_video, mouth_truth, strict=True)
     ]
     return {
         "lipsync_corr": float(corrs[best]),

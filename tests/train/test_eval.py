@@ -42,6 +42,16 @@ def test_train_rejects_a_bad_character_share(tmp_path: Path, capsys: pytest.Capt
     assert not any(tmp_path.iterdir())  # nothing written
 
 
+def test_train_rejects_generation_flags_with_given_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out, data = tmp_path / "out", tmp_path / "data"
+    args = ["train", "--out", str(out), "--data", str(data), "--clips-per-character", "2"]
+    assert main(args) == 2
+    assert "--clips-per-character only shape generated clips" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_model_card_reports_logged_phases_and_every_metric(tmp_path: Path) -> None:
     from pipeline.train.card import METRICS, write_model_card
     from pipeline.train.config import TrainConfig

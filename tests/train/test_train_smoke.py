@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipeline.core.errors import ConfigError
 from pipeline.studio.dataset import make_clip, write_clip
 from pipeline.train.config import TrainConfig
 from pipeline.train.trainer import Trainer, train
@@ -149,3 +150,7 @@ def test_generated_clips_share_characters_so_the_face_does_not_tell_the_style(
     loaded = [load_clip(p) for p in clip_paths(folder)]
     assert len({c.character.seed for c in loaded}) == 1
     assert len({c.style for c in loaded}) == 4
+    # The finished folder is reused as it is, but never for another character pool.
+    assert ensure_dataset(tmp_path, 4, 64, 0, workers=1, characters=1) == folder
+    with pytest.raises(ConfigError, match="characters 1 .asked: 4."):
+        ensure_dataset(tmp_path, 4, 64, 0, workers=1, characters=4)
