@@ -49,7 +49,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--preset", choices=["default", "tiny", "large"], default="default", help="network sizes"
     )
-    g.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    g.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float32"],
+        default="auto",
+        help="compute dtype (auto: bfloat16 where the hardware has it, else float32)",
+    )
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where networks run")
     g.add_argument(
         "--placement",

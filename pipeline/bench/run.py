@@ -96,7 +96,7 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(
         f"talkloop bench: preset={config.model.preset} {config.video.width}x{config.video.height} "
-        f"@{config.video.fps} fps, steps={config.sampler.steps}, dtype={config.model.dtype}, "
+        f"@{config.video.fps} fps, steps={config.sampler.steps}, dtype={config.model.compute_dtype}, "
         f"threads={os.cpu_count()}",
         flush=True,
     )

@@ -171,7 +171,7 @@ class Pipeline:
     # -- running phases ---------------------------------------------------------------------------
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.config.model.dtype == "bfloat16":
+        if self.config.model.compute_dtype == "bfloat16":
             if self.config.model.device == "cuda":  # host-side ops stay under CPU autocast
                 stack = contextlib.ExitStack()
                 stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))

@@ -56,7 +56,7 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
         module = Module(name, getattr(family, field), nets[name])
         if folder is not None and module.state_dict():
             module.load(folder)
-        if m.dtype == "bfloat16":
+        if m.compute_dtype == "bfloat16":
             module.cast_matmuls(torch.bfloat16)
         modules[name] = module
     from pipeline.offload.placement import apply_placement

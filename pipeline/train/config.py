@@ -36,6 +36,9 @@ class TrainConfig(BaseModel):
     size: int = Field(256, ge=32, le=1024, description="frame side of the training clips")
     clips: int = Field(400, ge=1, description="training clips generated when --data is not given")
     seed: int = Field(0, ge=0)
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="autocast dtype; auto: bfloat16 where the CPU computes it natively"
+    )
     clips_per_character: int = Field(
         4,
         ge=1,
@@ -62,6 +65,9 @@ class TrainConfig(BaseModel):
     given_noise_max: float = Field(0.05, ge=0.0, le=0.5)
     audio_drop: float = Field(0.15, ge=0.0, le=1.0)
     text_drop: float = Field(0.2, ge=0.0, le=1.0)
+    # Readout: its own renders, smile drawn per frame (``readout_renders``).
+    readout_clips: int = Field(400, ge=1, description="characters rendered for the readout")
+    readout_frames_per_clip: int = Field(16, ge=1, le=256)
     # SR: the low-res input is noised so SR learns to fix small A2V errors.
     sr_input_noise: float = Field(0.1, ge=0.0, le=1.0)
     checkpoint_every: int = Field(200, ge=1)
@@ -81,6 +87,8 @@ class TrainConfig(BaseModel):
                 sr=PhaseConfig(steps=30, batch=8, lr=2e-3, warmup=0),
                 readout=PhaseConfig(steps=30, batch=16, lr=3e-3, warmup=0),
                 vae_windows_per_clip=2,
+                readout_clips=3,
+                readout_frames_per_clip=4,
                 max_gen=6,
                 max_interior=2,
                 checkpoint_every=10,

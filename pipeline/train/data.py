@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +130,31 @@ def mouth_crop(character: Character, size: int) -> np.ndarray:
     return mouth_crop_box(*neutral_boxes(character, size))
 
 
+def readout_renders(
+    count: int, frames_per_clip: int, size: int, seed: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Frames for training the readout: ``count`` training-split characters, posed and lit as in
+    training clips, but with the smile drawn per frame, uniform in [-1, 1].
+
+    In a clip the smile is one style for the whole clip and every character shows few clips, so a
+    readout trained on clip frames learns which face it sees, not how much it smiles (on held-out
+    faces its smile output did not follow the rendered smile at all). Here the smile is
+    independent of face, pose and mouth, so the only way to predict it is to read it.
+
+    Yields, per character: frames ``(F, H, W, 3)`` uint8, targets ``(F, 2)`` float32
+    ``[mouth_open, smile]`` and the mouth crop ``(3,)``.
+    """
+    for k in range(count):
+        clip = make_clip("train", k, seed + 0x5E11E, size=size, render=False, augment=False)
+        rng = np.random.default_rng([seed, k, 0x5E11E])
+        take = np.sort(rng.choice(clip.num_frames, size=min(frames_per_clip, clip.num_frames)))
+        params = FrameParams(clip.params.values[take].copy())
+        params["smile"] = rng.uniform(-1.0, 1.0, size=len(take)).astype(np.float32)
+        frames = Renderer(clip.character, size).render(params).frames
+        targets = np.stack([params["mouth_open"], params["smile"]], axis=1).astype(np.float32)
+        yield frames, targets, mouth_crop(clip.character, size)
+
+
 @dataclass
 class ClipArrays:
     """One clip reduced to what the latent phases sample from (all per frame, T frames)."""
@@ -243,14 +268,16 @@ def encode_clips(
     arrays: list[ClipArrays],
     vae: torch.nn.Module,
     batch: int = 32,
+    bf16: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> None:
-    """Second pass: scaled VAE latents of every frame and of the reference, stored fp16."""
+    """Second pass: scaled VAE latents of every frame and of the reference, stored fp16
+    (computed under bf16 autocast when ``bf16``)."""
     for k, (path, a) in enumerate(zip(paths, arrays, strict=True)):
         clip = load_clip(path)
         frames = torch.from_numpy(clip.frames)
         zs = []
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             for s in range(0, frames.shape[0], batch):
                 zs.append(vae.encode(to_images(frames[s : s + batch])).float())
             ref = vae.encode(to_images(torch.from_numpy(clip.reference)[None])).float()

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from pipeline.core.config import native_bf16
 from pipeline.core.errors import ConfigError
 from pipeline.core.module import Module
 from pipeline.models.registry import STUDIO_MODULES
@@ -38,6 +39,7 @@ from pipeline.train.data import (
     ensure_dataset,
     latent_cache_state,
     load_all,
+    readout_renders,
     restore_latents,
     to_images,
 )
@@ -101,6 +103,7 @@ class Trainer:
         self.nets = build_networks(self.family)
         self.readout = Readout(ReadoutConfig())
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and native_bf16("cpu"))
         self.done: list[str] = []
         self.latent_scale: float | None = None
         self.resume_state: dict | None = None
@@ -116,6 +119,10 @@ class Trainer:
             self._load_checkpoint(ckpt)
         self.out.mkdir(parents=True, exist_ok=True)
         self.log_path = self.out / "train_log.jsonl"
+
+    def _autocast(self) -> torch.autocast:
+        """bf16 autocast where the CPU computes bf16 natively (``TrainConfig.dtype``)."""
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16)
 
     # -- checkpoints ------------------------------------------------------------------------------
 
@@ -270,7 +277,7 @@ class Trainer:
         n = nw - k
         x = to_images(win).reshape(b, nw, 3, *win.shape[2:4])  # (B, W, 3, H, Wd)
         target = x[:, k:].reshape(b * n, *x.shape[2:])  # (B*n, 3, H, Wd)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with self._autocast():
             # History frames only feed the decoder's cache: no encoder gradient through them
             # (halves the cost; the encoder still learns from every decoded frame).
             with torch.no_grad():
@@ -283,7 +290,7 @@ class Trainer:
         z = torch.where(start[:, None, None, None, None], z[:, k : k + 1].expand_as(z), z)
         inp = torch.cat([z[:, j : j + n] for j in range(k + 1)], dim=2)  # (B, n, C(k+1), h, w)
         inp = inp.reshape(b * n, *inp.shape[2:]).contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with self._autocast():
             rec = vae.decoder(inp).float()  # (B*n, 3, H, Wd)
         w = wts[:, k:].reshape(b * n, 1, *rec.shape[2:]).float()
         l1 = ((rec - target).abs() * w).sum() / (w.sum() * 3)
@@ -313,7 +320,7 @@ class Trainer:
         flat = bank.frames.reshape(-1, *bank.frames.shape[2:])
         step = max(1, flat.shape[0] // frames)
         means = []
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with self._autocast():
             for s in range(0, flat.shape[0], step * 32):
                 means.append(vae.encode_dist(to_images(flat[s : s + step * 32 : step]))[0])
         return 1.0 / float(torch.cat(means).float().std().clamp_min(1e-6))
@@ -355,7 +362,7 @@ class Trainer:
             ref.append(lowres(a.ref_latent))
             wmap.append(lowres(a.weights_lr[s : s + f].float()))
         x0_t = torch.stack(x0)  # (B, F, C, h, w)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with self._autocast():
             audio = enc(torch.cat(mel)).reshape(b, f, -1)  # (B, F, D)
             loss = flow_matching_loss(
                 a2v,
@@ -390,7 +397,7 @@ class Trainer:
         z_lr = F.avg_pool2d(z_hr, 2)
         sigma = torch.rand(b, 1, 1, 1, generator=g) * cfg.sr_input_noise
         z_lr = z_lr + sigma * torch.randn(z_lr.shape, generator=g)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with self._autocast():
             pred = sr(z_lr, ref_hr)
         err = (pred.float() - z_hr).square()
         wmap = wmap.expand_as(err)
@@ -401,22 +408,26 @@ class Trainer:
         return loss, {"bilinear": float(base_loss)}
 
     @torch.no_grad()
-    def _readout_data(self, bank: PixelBank) -> tuple[Tensor, Tensor]:
-        """Mouth crops of bank frames, real and VAE-reconstructed, with jittered boxes."""
-        vae, g = self.nets["vae"].eval(), torch.Generator().manual_seed(self.cfg.seed + 7)
+    def _readout_data(self) -> tuple[Tensor, Tensor]:
+        """Mouth crops of readout renders (``readout_renders``), real and VAE-reconstructed,
+        with jittered boxes."""
+        cfg = self.cfg
+        vae, g = self.nets["vae"].eval(), torch.Generator().manual_seed(cfg.seed + 7)
         size = self.readout.cfg.crop
         crops, targets = [], []
-        for i in range(bank.frames.shape[0]):
-            x = to_images(bank.frames[i])  # (W, 3, H, Wd)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                rec, _ = vae.decode(vae.encode(x))
+        renders = readout_renders(
+            cfg.readout_clips, cfg.readout_frames_per_clip, cfg.size, cfg.seed
+        )
+        for frames, target, crop in renders:
+            x = to_images(torch.from_numpy(frames))  # (F, 3, H, W)
+            rec, _ = vae.decode(vae.encode(x))  # fp32: bf16 convs are ~10x slower at inference
             for im in (x, rec.float()):
-                box = bank.crop[i][None].expand(im.shape[0], -1).clone()
+                box = torch.from_numpy(crop)[None].expand(im.shape[0], -1).clone()
                 jit = (torch.rand(im.shape[0], 3, generator=g) - 0.5) * 0.1
                 box[:, :2] += jit[:, :2] * box[:, 2:]
                 box[:, 2] *= 1 + jit[:, 2]
                 crops.append(crop_mouths(im, box, size).half())
-                targets.append(torch.stack([bank.mouth_open[i], bank.smile[i]], dim=1))
+                targets.append(torch.from_numpy(target))
         return torch.cat(crops), torch.cat(targets)
 
     def _readout_step(self, crops: Tensor, targets: Tensor) -> tuple[Tensor, dict[str, float]]:
@@ -466,7 +477,11 @@ class Trainer:
         cache = self.ckpt_dir / LATENT_CACHE
         if not (cache.is_file() and restore_latents(self.arrays, load_file(str(cache)))):
             encode_clips(
-                self.paths, self.arrays, vae, progress=self._counter("enc", len(self.paths))
+                self.paths,
+                self.arrays,
+                vae,
+                bf16=self.bf16,
+                progress=self._counter("enc", len(self.paths)),
             )
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             save_file(latent_cache_state(self.arrays), str(cache))
@@ -483,7 +498,7 @@ class Trainer:
             return params, lambda: self._a2v_step(self.arrays, text, has_text)
         if name == "sr":
             return list(self.nets["sr"].train().parameters()), lambda: self._sr_step(self.arrays)
-        crops, targets = self._readout_data(self.bank)
+        crops, targets = self._readout_data()
         params = list(self.readout.train().parameters())
         return params, lambda: self._readout_step(crops, targets)
 

@@ -154,3 +154,19 @@ def test_generated_clips_share_characters_so_the_face_does_not_tell_the_style(
     assert ensure_dataset(tmp_path, 4, 64, 0, workers=1, characters=1) == folder
     with pytest.raises(ConfigError, match="characters 1 .asked: 4."):
         ensure_dataset(tmp_path, 4, 64, 0, workers=1, characters=4)
+
+
+def test_readout_renders_vary_the_smile_within_each_face() -> None:
+    """The readout's smile target must not be readable from the face alone: within one character
+    it varies frame by frame over most of [-1, 1]."""
+    from pipeline.train.data import readout_renders
+
+    first = list(readout_renders(3, 8, 64, seed=0))
+    assert len(first) == 3
+    for frames, targets, crop in first:
+        assert frames.shape == (8, 64, 64, 3) and frames.dtype == np.uint8
+        assert targets.shape == (8, 2) and crop.shape == (3,)
+        smile = targets[:, 1]
+        assert smile.min() >= -1.0 and smile.max() <= 1.0 and smile.std() > 0.25
+    # Different faces, not one face repeated.
+    assert not np.array_equal(first[0][0][0], first[1][0][0])
