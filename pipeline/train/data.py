@@ -1,8 +1,8 @@
 """Training data: studio clips on disk -> the arrays every phase samples from.
 
-Clips are read once for the pixel phases (a bank of short frame windows for the VAE and the
-readout) and once more after VAE training to encode every frame (A2V and SR train on latents).
-Frames of whole clips never stay in memory: 400 clips at 256x256 would be ~13 GB.
+Clips are read once for the pixel phase (a bank of short frame windows for the VAE; the readout
+renders its own frames) and once more after VAE training to encode every frame (A2V and SR train
+on latents). Frames of whole clips never stay in memory: 400 clips at 256x256 would be ~13 GB.
 """
 
 from __future__ import annotations
@@ -138,8 +138,8 @@ def readout_renders(
 
     In a clip the smile is one style for the whole clip and every character shows few clips, so a
     readout trained on clip frames learns which face it sees, not how much it smiles (on held-out
-    faces its smile output did not follow the rendered smile at all). Here the smile is
-    independent of face, pose and mouth, so the only way to predict it is to read it.
+    faces its smile output barely followed the rendered smile, sometimes the wrong way). Here the
+    smile is independent of face, pose and mouth, so the only way to predict it is to read it.
 
     Yields, per character: frames ``(F, H, W, 3)`` uint8, targets ``(F, 2)`` float32
     ``[mouth_open, smile]`` and the mouth crop ``(3,)``.
@@ -161,8 +161,6 @@ class ClipArrays:
 
     clip_id: str
     mel: Tensor  # (T, n_mels, n_steps) float32, streaming-normalised from the clip start
-    mouth_open: np.ndarray  # (T,) float32
-    smile: np.ndarray  # (T,) float32
     prompt: str
     style: Style  # what the prompt describes (training re-describes it with other phrases)
     crop: np.ndarray  # (3,) mouth crop (cx, cy, side) in pixels
@@ -177,12 +175,10 @@ class ClipArrays:
 
 @dataclass
 class PixelBank:
-    """Short windows of consecutive frames for the VAE and the readout."""
+    """Short windows of consecutive frames for the VAE (the readout has its own renders)."""
 
     frames: Tensor  # (N, W, H, W, 3) uint8
     weights: Tensor  # (N, W, H, W) uint8 region weights (1, 2, 8)
-    mouth_open: Tensor  # (N, W) float32
-    smile: Tensor  # (N, W) float32
     crop: Tensor  # (N, 3) mouth crop (cx, cy, side)
 
 
@@ -202,8 +198,6 @@ def clip_arrays(clip: Clip, encoder: torch.nn.Module, latent_factor: int) -> Cli
     return ClipArrays(
         clip_id=clip.clip_id,
         mel=mel,
-        mouth_open=clip.params["mouth_open"].copy(),
-        smile=clip.params["smile"].copy(),
         prompt=clip.prompt,
         style=clip.style,
         crop=mouth_crop(clip.character, size),
@@ -228,7 +222,7 @@ def load_all(
 ) -> tuple[list[ClipArrays], PixelBank]:
     """First pass over the clips: per-clip arrays plus the pixel bank (deterministic in seed)."""
     arrays: list[ClipArrays] = []
-    frames, weights, mo, sm, crops = [], [], [], [], []
+    frames, weights, crops = [], [], []
     for k, path in enumerate(paths):
         clip = load_clip(path)
         if clip.frames is None:
@@ -241,16 +235,12 @@ def load_all(
             sl = slice(s, s + window_len)
             frames.append(torch.from_numpy(clip.frames[sl].copy()))
             weights.append(torch.from_numpy(rw[sl].copy()))
-            mo.append(torch.from_numpy(a.mouth_open[sl]))
-            sm.append(torch.from_numpy(a.smile[sl]))
             crops.append(torch.from_numpy(a.crop))
         if progress:
             progress(k + 1)
     bank = PixelBank(
         frames=torch.stack(frames),
         weights=torch.stack(weights),
-        mouth_open=torch.stack(mo),
-        smile=torch.stack(sm),
         crop=torch.stack(crops),
     )
     return arrays, bank

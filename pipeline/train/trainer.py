@@ -415,9 +415,8 @@ class Trainer:
         vae, g = self.nets["vae"].eval(), torch.Generator().manual_seed(cfg.seed + 7)
         size = self.readout.cfg.crop
         crops, targets = [], []
-        renders = readout_renders(
-            cfg.readout_clips, cfg.readout_frames_per_clip, cfg.size, cfg.seed
-        )
+        side = cfg.size if self.bank is None else int(self.bank.frames.shape[2])  # as trained
+        renders = readout_renders(cfg.readout_clips, cfg.readout_frames_per_clip, side, cfg.seed)
         for frames, target, crop in renders:
             x = to_images(torch.from_numpy(frames))  # (F, 3, H, W)
             rec, _ = vae.decode(vae.encode(x))  # fp32: bf16 convs are ~10x slower at inference
