@@ -116,6 +116,7 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "processor": platform.processor(),
+            "compute_dtype": config.model.compute_dtype,  # what --dtype auto chose here
         },
         "ttff_ms": ttff_sorted[len(ttff_sorted) // 2],
         "ttff_ms_runs": ttff,

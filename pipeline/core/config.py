@@ -41,6 +41,15 @@ def native_bf16(device: str) -> bool:
     return device == "cuda" or bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
 
 
+def resolve_dtype(
+    dtype: Literal["auto", "bfloat16", "float32"], device: str
+) -> Literal["bfloat16", "float32"]:
+    """``dtype`` with ``auto`` resolved: bfloat16 where ``device`` has it natively, else float32."""
+    if dtype == "auto":
+        return "bfloat16" if native_bf16(device) else "float32"
+    return dtype
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -148,10 +157,8 @@ class ModelConfig(_Strict):
 
     @property
     def compute_dtype(self) -> Literal["bfloat16", "float32"]:
-        """``dtype`` with ``auto`` resolved for ``device`` (see ``native_bf16``)."""
-        if self.dtype == "auto":
-            return "bfloat16" if native_bf16(self.device) else "float32"
-        return self.dtype
+        """``dtype`` with ``auto`` resolved for ``device`` (``resolve_dtype``)."""
+        return resolve_dtype(self.dtype, self.device)
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

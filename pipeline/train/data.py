@@ -147,7 +147,8 @@ def readout_renders(
     for k in range(count):
         clip = make_clip("train", k, seed + 0x5E11E, size=size, render=False, augment=False)
         rng = np.random.default_rng([seed, k, 0x5E11E])
-        take = np.sort(rng.choice(clip.num_frames, size=min(frames_per_clip, clip.num_frames)))
+        n = min(frames_per_clip, clip.num_frames)
+        take = np.sort(rng.choice(clip.num_frames, size=n, replace=False))
         params = FrameParams(clip.params.values[take].copy())
         params["smile"] = rng.uniform(-1.0, 1.0, size=len(take)).astype(np.float32)
         frames = Renderer(clip.character, size).render(params).frames

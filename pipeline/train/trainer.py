@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from pipeline.core.config import native_bf16
+from pipeline.core.config import resolve_dtype
 from pipeline.core.errors import ConfigError
 from pipeline.core.module import Module
 from pipeline.models.registry import STUDIO_MODULES
@@ -103,7 +103,7 @@ class Trainer:
         self.nets = build_networks(self.family)
         self.readout = Readout(ReadoutConfig())
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and native_bf16("cpu"))
+        self.bf16 = resolve_dtype(cfg.dtype, "cpu") == "bfloat16"
         self.done: list[str] = []
         self.latent_scale: float | None = None
         self.resume_state: dict | None = None
