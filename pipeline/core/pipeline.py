@@ -2,7 +2,8 @@
 
 A pipeline has four phases, each a list of stages over named fields:
 
-- ``init``    (once per session): reference image and prompt -> conditioning;
+- ``init``    (once per session): reference image and prompt -> conditioning (the prompt's
+  expression painted onto the reference);
 - ``n_chunk`` (per N chunk): audio windows -> features -> low-res latents of the chunk;
 - ``i_chunk`` (per I chunk): the new N chunk + the previous anchor -> the interior latents;
 - ``publish`` (per display segment): low-res latents in display order -> SR -> RGB frames.
@@ -53,15 +54,17 @@ def default_phases(config: TalkloopConfig) -> dict[str, Phase]:
     from pipeline.stages.a2v import A2VStage
     from pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
     from pipeline.stages.decode import DecodeStage
-    from pipeline.stages.init import PromptStage, ReferenceStage
+    from pipeline.stages.init import ExpressionStage, PromptStage, ReferenceStage
     from pipeline.stages.sr import SRStage
 
     a2v = A2VStage(config.sampler)
     return {
         "init": Phase(
-            "init", frozenset({"reference_image", "prompt"}), [ReferenceStage(), PromptStage()]
+            "init",
+            frozenset({"reference_image", "prompt"}),
+            [ReferenceStage(), PromptStage(), ExpressionStage()],
         ),
-        "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage()]),
+        "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage(), ExpressionStage()]),
         "n_chunk": Phase(
             "n_chunk",
             frozenset({"job", "seed", "audio_windows"}),

@@ -2,7 +2,8 @@
 
 Between chunks a session keeps exactly these items and nothing else:
 
-- the reference conditioning (``ref_latent_hr``, ``ref_latent_lr``) and the text embedding;
+- the reference as encoded (``ref_latent``), its conditioning with the prompt's expression
+  (``ref_latent_hr``, ``ref_latent_lr``) and the text embedding;
 - the motion context of the newest N chunk: its last ``ctx_len`` latents and their audio
   features (the last of them is also the near anchor of the next I chunk);
 - the streaming audio normalisation statistics and the streaming decoder's bounded cache;
@@ -24,6 +25,7 @@ import torch
 # The fields of SessionState that stages may read and write (the rest is pipeline bookkeeping).
 SESSION_FIELDS = frozenset(
     {
+        "ref_latent",
         "ref_latent_hr",
         "ref_latent_lr",
         "text_embedding",
@@ -75,7 +77,8 @@ class AudioBuffer:
 class SessionState:
     """Everything a session keeps between chunks. See the module docstring."""
 
-    ref_latent_hr: torch.Tensor | None = None  # (1, C, h, w)
+    ref_latent: torch.Tensor | None = None  # (1, C, h, w) as encoded, kept for prompt changes
+    ref_latent_hr: torch.Tensor | None = None  # (1, C, h, w) with the prompt's expression
     ref_latent_lr: torch.Tensor | None = None  # (1, C, h/2, w/2)
     text_embedding: torch.Tensor | None = None  # (1, D_text)
     context_latents: torch.Tensor | None = None  # (ctx, C, h/2, w/2) tail of the newest N chunk

@@ -16,6 +16,7 @@ STUDIO_MODULES = {
     "vae": "vae",
     "audio_encoder": "audio",
     "text_encoder": "text",
+    "expression": "expression",
     "a2v": "a2v",
     "sr": "sr",
 }

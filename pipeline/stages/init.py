@@ -1,4 +1,4 @@
-"""Init stages: run once per session (the prompt stage again whenever the prompt changes)."""
+"""Init stages: run once per session (prompt and expression again whenever the prompt changes)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,17 @@ def image_to_tensor(image) -> torch.Tensor:
 
 
 class ReferenceStage(Stage):
-    """Encode the reference image once: high-res latents for SR, pooled ones for A2V."""
+    """Encode the reference image once into its VAE latent."""
 
     name = "reference"
     reads = ("reference_image",)
-    writes = ("ref_latent_hr", "ref_latent_lr")
+    writes = ("ref_latent",)
     needs = ("vae",)
 
     def run(self, ctx: StageContext) -> None:
         vae = ctx.module("vae").net
         z = vae.encode(image_to_tensor(ctx.read("reference_image"))).float()  # (1, C, h, w)
-        ctx.write("ref_latent_hr", z)
-        ctx.write("ref_latent_lr", F.avg_pool2d(z, 2))  # (1, C, h/2, w/2)
+        ctx.write("ref_latent", z)
 
 
 class PromptStage(Stage):
@@ -44,3 +43,24 @@ class PromptStage(Stage):
             return
         emb = ctx.module("text_encoder").net.encode([prompt])  # (1, 384)
         ctx.write("text_embedding", emb.float())
+
+
+class ExpressionStage(Stage):
+    """Give the reference the prompt's expression: high-res latents for SR, pooled ones for A2V.
+
+    Runs after the prompt stage, at the start and whenever the prompt changes. With no prompt the
+    reference stays exactly as encoded.
+    """
+
+    name = "expression"
+    reads = ("ref_latent", "text_embedding")
+    writes = ("ref_latent_hr", "ref_latent_lr")
+    needs = ("expression",)
+
+    def run(self, ctx: StageContext) -> None:
+        z = ctx.read("ref_latent")
+        text = ctx.read("text_embedding")
+        if text is not None:
+            z = ctx.module("expression").net(z, text).float()
+        ctx.write("ref_latent_hr", z)
+        ctx.write("ref_latent_lr", F.avg_pool2d(z, 2))  # (1, C, h/2, w/2)

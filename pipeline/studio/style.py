@@ -126,6 +126,7 @@ _OPENERS = (
 )
 _JOINERS = ((", ", ", ", "; "), (", ", " with "))
 TRAIN_FRACTION = 0.7
+DESCRIBED_BELOW, DESCRIBED_ABOVE = 0.35, 0.65  # style values a prompt puts into words
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,16 @@ def sample_style(rng: np.random.Generator) -> Style:
     """A random style; values cluster near the ends so prompts have something to say."""
     vals = rng.beta(0.7, 0.7, size=4)
     return Style(*(float(v) for v in vals))
+
+
+def is_described(value: float) -> bool:
+    """Whether :func:`describe` puts a style value into words (the rest it leaves out)."""
+    return value < DESCRIBED_BELOW or value > DESCRIBED_ABOVE
+
+
+def smile_of_style(value: float) -> float:
+    """The rendered ``smile`` a style's smile value centres on, before motion's slow wobble."""
+    return (value - 0.3) * 1.1
 
 
 def _bank_part(phrases: tuple[str, ...], held_out: bool) -> tuple[str, ...]:
@@ -185,9 +196,9 @@ def describe(style: Style, rng: np.random.Generator, held_out: bool = False) -> 
     for name in STYLE_FIELDS:
         value = getattr(style, name)
         low, high = _BANK[name]
-        if value > 0.65:
+        if value > DESCRIBED_ABOVE:
             picks.append(str(rng.choice(_bank_part(high, held_out))))
-        elif value < 0.35:
+        elif value < DESCRIBED_BELOW:
             picks.append(str(rng.choice(_bank_part(low, held_out))))
     if not picks:
         return ""

@@ -24,6 +24,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--steps-a2v", type=int, help="audio encoder + A2V steps")
     t.add_argument("--steps-sr", type=int, help="SR steps")
     t.add_argument("--steps-readout", type=int, help="readout (eval) steps")
+    t.add_argument("--steps-expression", type=int, help="expression (prompt -> reference) steps")
     t.add_argument("--minutes", type=float, help="wall-clock budget for the training phases")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     t.add_argument("--seed", type=int, default=0)
@@ -50,7 +51,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Run ``talkloop train``."""
-    from pipeline.train.config import TrainConfig
+    from pipeline.train.config import PHASES, TrainConfig
     from pipeline.train.trainer import train
 
     if args.data is not None:
@@ -75,7 +76,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.minutes <= 0:
             raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
         updates["minutes"] = args.minutes
-    for phase in ("vae", "a2v", "sr", "readout"):
+    for phase in PHASES:
         steps = getattr(args, f"steps_{phase}")
         if steps is not None:
             if steps < 0:

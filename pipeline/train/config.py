@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PHASES = ("vae", "a2v", "sr", "readout")
+PHASES = ("vae", "a2v", "sr", "readout", "expression")
 
 
 class PhaseConfig(BaseModel):
@@ -50,6 +50,7 @@ class TrainConfig(BaseModel):
     a2v: PhaseConfig = PhaseConfig(steps=8000, batch=192, lr=3e-4, warmup=300)
     sr: PhaseConfig = PhaseConfig(steps=4000, batch=24, lr=4e-4)
     readout: PhaseConfig = PhaseConfig(steps=1500, batch=64, lr=1e-3, warmup=50)
+    expression: PhaseConfig = PhaseConfig(steps=1200, batch=16, lr=1e-3, warmup=100)
     # VAE: windows of consecutive frames kept per clip (the decoder is causal over cache_frames).
     vae_windows_per_clip: int = Field(4, ge=1, le=64)
     vae_decode_frames: int = Field(2, ge=1, le=16, description="decoded frames per window")
@@ -68,6 +69,9 @@ class TrainConfig(BaseModel):
     # Readout: its own renders, smile drawn per frame (``readout_renders``).
     readout_clips: int = Field(400, ge=1, description="characters rendered for the readout")
     readout_frames_per_clip: int = Field(16, ge=1, le=256)
+    # Expression: reference / prompted-expression pairs (``expression_pairs``).
+    expression_characters: int = Field(600, ge=1, description="characters rendered for it")
+    expression_styles: int = Field(4, ge=1, le=64, description="prompted styles per character")
     # SR: the low-res input is noised so SR learns to fix small A2V errors.
     sr_input_noise: float = Field(0.1, ge=0.0, le=1.0)
     checkpoint_every: int = Field(200, ge=1)
@@ -86,9 +90,12 @@ class TrainConfig(BaseModel):
                 a2v=PhaseConfig(steps=30, batch=24, lr=2e-3, warmup=0),
                 sr=PhaseConfig(steps=30, batch=8, lr=2e-3, warmup=0),
                 readout=PhaseConfig(steps=30, batch=16, lr=3e-3, warmup=0),
+                expression=PhaseConfig(steps=30, batch=4, lr=1e-4, warmup=0),
                 vae_windows_per_clip=2,
                 readout_clips=3,
                 readout_frames_per_clip=4,
+                expression_characters=3,
+                expression_styles=2,
                 max_gen=6,
                 max_interior=2,
                 checkpoint_every=10,

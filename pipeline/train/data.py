@@ -20,11 +20,12 @@ from torch import Tensor
 
 from pipeline.core.clock import frame_start_sample
 from pipeline.core.errors import ConfigError
-from pipeline.studio.character import Character
+from pipeline.studio.character import Character, sample_character
 from pipeline.studio.dataset import Clip, load_clip, make_clip, region_weights, write_clip
 from pipeline.studio.params import FrameParams
 from pipeline.studio.renderer import Renderer
-from pipeline.studio.style import Style
+from pipeline.studio.splits import character_seed
+from pipeline.studio.style import Style, describe, is_described, sample_style, smile_of_style
 
 
 def clip_paths(folder: Path) -> list[Path]:
@@ -154,6 +155,36 @@ def readout_renders(
         frames = Renderer(clip.character, size).render(params).frames
         targets = np.stack([params["mouth_open"], params["smile"]], axis=1).astype(np.float32)
         yield frames, targets, mouth_crop(clip.character, size)
+
+
+def expression_pairs(
+    count: int, styles_per_character: int, size: int, seed: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, list[str]]]:
+    """Training pairs for the expression net: a face's reference and the same face as a prompt
+    describes it.
+
+    Per training-split character: its neutral reference, and for each of ``styles_per_character``
+    random styles a training prompt and the neutral pose rendered with that style's smile. A
+    prompt that does not put the smile into words (or is empty) targets the reference itself:
+    then the net must leave the face as it is.
+
+    Yields, per character: the reference ``(H, W, 3)`` uint8, targets ``(S, H, W, 3)`` uint8 and
+    the S prompts.
+    """
+    for k in range(count):
+        rng = np.random.default_rng([seed, k, 0xE4B8E])
+        character = sample_character(character_seed("train", int(rng.integers(1 << 40))))
+        smiles = np.zeros(styles_per_character + 1, np.float32)
+        prompts = []
+        for j in range(styles_per_character):
+            style = sample_style(rng)
+            prompt = describe(style, rng)
+            if prompt and is_described(style.smile):
+                smiles[j + 1] = np.clip(smile_of_style(style.smile), -0.25, 1.0)
+            prompts.append(prompt)
+        params = FrameParams.from_tracks(len(smiles), smile=smiles)
+        frames = Renderer(character, size).render(params).frames
+        yield frames[0], frames[1:], prompts
 
 
 @dataclass

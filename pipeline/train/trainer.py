@@ -1,7 +1,8 @@
 """Trainer: the phases of ``talkloop train``, checkpoints, logs and the final export.
 
 Order: VAE (pixels) -> latent scale + encode every clip -> audio encoder + A2V (flow matching on
-latents, all three mask patterns) -> SR (one step) -> readout (for ``talkloop eval``).
+latents, all three mask patterns) -> SR (one step) -> readout (for ``talkloop eval``) ->
+expression (the prompt's expression on the reference latent, from rendered pairs).
 Every random draw of a phase comes from one ``torch.Generator`` whose state is checkpointed with
 the networks and the optimiser, so ``--resume`` continues the same run.
 """
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from pipeline.core.config import resolve_dtype
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import CheckpointError, ConfigError
 from pipeline.core.module import Module
 from pipeline.models.registry import STUDIO_MODULES
 from pipeline.models.studio.a2v import lowres
@@ -37,6 +38,7 @@ from pipeline.train.data import (
     clip_paths,
     encode_clips,
     ensure_dataset,
+    expression_pairs,
     latent_cache_state,
     load_all,
     readout_renders,
@@ -48,8 +50,8 @@ from pipeline.train.readout import Readout, ReadoutConfig, crop_mouths, readout_
 CHECKPOINT = "checkpoint.pt"
 LATENT_CACHE = "latents.safetensors"
 # Share of a --minutes budget per phase (A2V carries the content, so it gets the most).
-BUDGET_SHARE = {"vae": 0.3, "a2v": 0.5, "sr": 0.12, "readout": 0.08}
-TRAINED = ("vae", "audio_encoder", "a2v", "sr")
+BUDGET_SHARE = {"vae": 0.3, "a2v": 0.48, "sr": 0.12, "readout": 0.07, "expression": 0.03}
+TRAINED = ("vae", "audio_encoder", "a2v", "sr", "expression")
 PROMPT_VARIANTS = 8  # prompts per clip the A2V phase draws from (see _text_embeddings)
 
 
@@ -151,9 +153,13 @@ class Trainer:
 
     def _load_checkpoint(self, path: Path) -> None:
         state = torch.load(path, weights_only=False)
-        for name, net in self._all_nets().items():
-            net.load_state_dict(state["nets"][name])
         self.done = list(state["done"])
+        for name, net in self._all_nets().items():
+            if name in state["nets"]:
+                net.load_state_dict(state["nets"][name])
+            elif name in self.done:
+                raise CheckpointError(f"{path}: phase {name!r} is done but its weights are missing")
+            # Otherwise a network added since the checkpoint: its phase has still to run.
         self.gen.set_state(state["gen"])
         self.latent_scale = state["latent_scale"]
         self.step_seconds = dict(state.get("step_seconds", {}))
@@ -436,6 +442,34 @@ class Trainer:
             x = x.flip(-1)
         return readout_loss(self.readout, x, targets[idx]), {}
 
+    @torch.no_grad()
+    def _expression_data(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Latents of ``expression_pairs`` (reference per pair, target) and prompt embeddings."""
+        cfg = self.cfg
+        vae = self.nets["vae"].eval()
+        side = cfg.size if self.bank is None else int(self.bank.frames.shape[2])  # as trained
+        refs, targets, prompts = [], [], []
+        pairs = expression_pairs(cfg.expression_characters, cfg.expression_styles, side, cfg.seed)
+        for ref, target, texts in pairs:
+            x = to_images(torch.from_numpy(np.concatenate([ref[None], target])))
+            z = vae.encode(x).float()  # fp32: bf16 convs are ~10x slower at inference
+            refs.append(z[:1].expand(len(texts), -1, -1, -1))
+            targets.append(z[1:])
+            prompts.extend(texts)
+        emb = self.nets["text_encoder"].encode([p if p.strip() else "-" for p in prompts])
+        return torch.cat(refs), torch.cat(targets), emb
+
+    def _expression_step(
+        self, refs: Tensor, targets: Tensor, emb: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
+        idx = torch.randint(refs.shape[0], (self.cfg.expression.batch,), generator=self.gen)
+        with self._autocast():
+            out = self.nets["expression"](refs[idx], emb[idx])
+        loss = (out.float() - targets[idx]).square().mean()
+        # The same error if the reference were left untouched: what the edit has to win.
+        keep = (refs[idx] - targets[idx]).square().mean()
+        return loss, {"unedited": float(keep)}
+
     # -- the run ----------------------------------------------------------------------------------
 
     def prepare_pixels(self) -> None:
@@ -497,6 +531,10 @@ class Trainer:
             return params, lambda: self._a2v_step(self.arrays, text, has_text)
         if name == "sr":
             return list(self.nets["sr"].train().parameters()), lambda: self._sr_step(self.arrays)
+        if name == "expression":
+            refs, targets, emb = self._expression_data()
+            params = list(self.nets["expression"].train().parameters())
+            return params, lambda: self._expression_step(refs, targets, emb)
         crops, targets = self._readout_data()
         params = list(self.readout.train().parameters())
         return params, lambda: self._readout_step(crops, targets)
@@ -507,7 +545,7 @@ class Trainer:
         if "vae" not in self.done:
             self.run_phase("vae", *self._phase("vae"))
         self.prepare_latents()
-        for name in ("a2v", "sr", "readout"):
+        for name in ("a2v", "sr", "readout", "expression"):
             if name not in self.done:
                 self.run_phase(name, *self._phase(name))
         self.export(self.out)
@@ -561,7 +599,7 @@ class Trainer:
         return update
 
     def export(self, folder: Path) -> None:
-        """fp16 weights of all five networks and the readout, as ``load_modules`` reads them."""
+        """fp16 weights of all six networks and the readout, as ``load_modules`` reads them."""
         for name, field in STUDIO_MODULES.items():
             net = self.nets[name]
             Module(name, getattr(self.family, field), net).save(folder, dtype=torch.float16)

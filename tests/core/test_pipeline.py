@@ -175,6 +175,7 @@ def test_session_state_size_is_constant(tiny_modules, speech) -> None:
     assert set(reports) == {20, 400}
     assert reports[20] == reports[400]
     assert set(reports[400]) == {
+        "ref_latent",
         "ref_latent_hr",
         "ref_latent_lr",
         "context_latents",

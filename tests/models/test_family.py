@@ -18,7 +18,18 @@ def test_build_networks_keys_and_determinism(tiny, text_encoder) -> None:
     a = build_networks(tiny)
     torch.manual_seed(3)
     b = build_networks(tiny)
-    assert tuple(a) == NETWORK_KEYS == ("vae", "audio_encoder", "text_encoder", "a2v", "sr")
+    assert (
+        tuple(a)
+        == NETWORK_KEYS
+        == (
+            "vae",
+            "audio_encoder",
+            "text_encoder",
+            "expression",
+            "a2v",
+            "sr",
+        )
+    )
     for key in NETWORK_KEYS:
         sa, sb = a[key].state_dict(), b[key].state_dict()
         assert sa.keys() == sb.keys()

@@ -44,7 +44,7 @@ def test_every_phase_overfits_a_fixed_batch(clips: Path, tmp_path: Path) -> None
     trainer.prepare_pixels()
     curves = {"vae": trainer.overfit("vae", 30)}
     trainer.prepare_latents()
-    for phase in ("a2v", "sr", "readout"):
+    for phase in ("a2v", "sr", "readout", "expression"):
         curves[phase] = trainer.overfit(phase, 30)
     for phase, losses in curves.items():
         assert all(np.isfinite(losses)), phase
@@ -53,7 +53,7 @@ def test_every_phase_overfits_a_fixed_batch(clips: Path, tmp_path: Path) -> None
 
 
 def test_resume_continues_the_same_run(clips: Path, tmp_path: Path) -> None:
-    steps = {"vae": 12, "a2v": 8, "sr": 0, "readout": 0}
+    steps = {"vae": 12, "a2v": 8, "sr": 0, "readout": 0, "expression": 0}
     cfg = _recipe(**steps).model_copy(update={"checkpoint_every": 4})
     whole = train(cfg, tmp_path / "whole", data=clips, progress=False)
 
@@ -81,12 +81,16 @@ def test_resume_continues_the_same_run(clips: Path, tmp_path: Path) -> None:
 
 def test_saved_weights_load_and_render(clips: Path, tmp_path: Path) -> None:
     out = train(
-        _recipe(vae=10, a2v=10, sr=10, readout=10), tmp_path / "w", data=clips, progress=False
+        _recipe(vae=10, a2v=10, sr=10, readout=10, expression=10),
+        tmp_path / "w",
+        data=clips,
+        progress=False,
     )
+    phases = ["vae", "a2v", "sr", "readout", "expression"]
     summary = json.loads((out / "train_summary.json").read_text())
-    assert summary["phases_done"] == ["vae", "a2v", "sr", "readout"]
+    assert summary["phases_done"] == phases
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    assert {row["phase"] for row in log} == {"vae", "a2v", "sr", "readout"}
+    assert {row["phase"] for row in log} == set(phases)
     assert all(np.isfinite(row["loss"]) for row in log)
 
     from pipeline.core.pipeline import Pipeline
@@ -170,3 +174,29 @@ def test_readout_renders_vary_the_smile_within_each_face() -> None:
         assert smile.min() >= -1.0 and smile.max() <= 1.0 and smile.std() > 0.25
     # Different faces, not one face repeated.
     assert not np.array_equal(first[0][0][0], first[1][0][0])
+
+
+def test_expression_pairs_change_the_face_only_where_the_prompt_names_a_smile() -> None:
+    """A prompt with smile words targets that smile; any other prompt (or none) targets the
+    reference itself, so the net learns to leave a face alone when the prompt says nothing."""
+    from pipeline.studio.style import field_phrases
+    from pipeline.train.data import expression_pairs
+
+    smiling = field_phrases("smile", True, False)
+    serious = field_phrases("smile", False, False)
+    counts = {"smiling": 0, "serious": 0, "neither": 0}
+    for ref, targets, prompts in expression_pairs(12, 4, 64, seed=0):
+        assert ref.shape == (64, 64, 3) and targets.shape == (4, 64, 64, 3)
+        assert len(prompts) == 4
+        for target, prompt in zip(targets, prompts, strict=True):
+            change = np.abs(target.astype(int) - ref).max()
+            # Serious phrases first: "not smiling" contains "smiling".
+            if any(w in prompt for w in serious):
+                counts["serious"] += 1  # from a slight frown to the reference's own face
+            elif any(w in prompt for w in smiling):
+                counts["smiling"] += 1
+                assert change > 20, prompt  # a smile is plain to see
+            else:
+                counts["neither"] += 1
+                assert change == 0, prompt
+    assert min(counts.values()) >= 5, counts

@@ -1,4 +1,4 @@
-"""The studio family: one root config and the constructor of its five networks."""
+"""The studio family: one root config and the constructor of its six networks."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from torch import nn
 
 from pipeline.models.studio.a2v import A2VConfig, A2VDiT
 from pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
+from pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
 from pipeline.models.studio.sr import SRConfig, SRDiT
 from pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
 from pipeline.models.studio.vae import StudioVAE, VAEConfig
 
-NETWORK_KEYS = ("vae", "audio_encoder", "text_encoder", "a2v", "sr")
+NETWORK_KEYS = ("vae", "audio_encoder", "text_encoder", "expression", "a2v", "sr")
 
 
 class StudioConfig(BaseModel):
@@ -22,25 +23,30 @@ class StudioConfig(BaseModel):
     vae: VAEConfig = Field(default_factory=VAEConfig)
     audio: AudioEncoderConfig = Field(default_factory=AudioEncoderConfig)
     text: TextEncoderConfig = Field(default_factory=TextEncoderConfig)
+    expression: ExpressionConfig = Field(default_factory=ExpressionConfig)
     a2v: A2VConfig = Field(default_factory=A2VConfig)
     sr: SRConfig = Field(default_factory=SRConfig)
 
     @model_validator(mode="after")
     def _agree(self) -> StudioConfig:
         c = self.vae.latent_channels
-        if self.a2v.latent_channels != c or self.sr.latent_channels != c:
+        if {self.a2v.latent_channels, self.sr.latent_channels, self.expression.latent_channels} != {
+            c
+        }:
             raise ValueError(
                 f"latent_channels disagree: vae={c}, a2v={self.a2v.latent_channels}, "
-                f"sr={self.sr.latent_channels}"
+                f"sr={self.sr.latent_channels}, expression={self.expression.latent_channels}"
             )
         if self.a2v.audio_dim != self.audio.dim:
             raise ValueError(
                 f"a2v.audio_dim={self.a2v.audio_dim} must equal audio.dim={self.audio.dim}"
             )
-        if self.a2v.text_dim != self.text.dim:
-            raise ValueError(
-                f"a2v.text_dim={self.a2v.text_dim} must equal text.dim={self.text.dim}"
-            )
+        for name in ("a2v", "expression"):
+            if getattr(self, name).text_dim != self.text.dim:
+                raise ValueError(
+                    f"{name}.text_dim={getattr(self, name).text_dim} must equal "
+                    f"text.dim={self.text.dim}"
+                )
         return self
 
     @classmethod
@@ -63,6 +69,7 @@ class StudioConfig(BaseModel):
                 decode_batch=1,
             ),
             audio=AudioEncoderConfig(dim=16, hidden=16),
+            expression=ExpressionConfig(channels=16, blocks=1, style_dim=16),
             a2v=A2VConfig(patch=2, dim=32, depth=2, heads=2, audio_dim=16, max_frames=32),
             sr=SRConfig(dim=32, depth=1, heads=2),
         )
@@ -81,16 +88,17 @@ class StudioConfig(BaseModel):
 
 
 def build_networks(config: StudioConfig) -> dict[str, nn.Module]:
-    """Construct all five networks from the current ``torch.manual_seed`` state (caller seeds).
+    """Construct all six networks from the current ``torch.manual_seed`` state (caller seeds).
 
     Returns:
-        ``{"vae", "audio_encoder", "text_encoder", "a2v", "sr"}`` -> module, in eval mode.
+        ``{"vae", "audio_encoder", "text_encoder", "expression", "a2v", "sr"}`` -> module, in eval mode.
         The text encoder holds no parameters (its ``state_dict()`` is empty).
     """
     nets: dict[str, nn.Module] = {
         "vae": StudioVAE(config.vae),
         "audio_encoder": StudioAudioEncoder(config.audio),
         "text_encoder": StudioTextEncoder(config.text),
+        "expression": ExpressionNet(config.expression),
         "a2v": A2VDiT(config.a2v),
         "sr": SRDiT(config.sr),
     }
