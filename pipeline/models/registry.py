@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -23,6 +24,10 @@ STUDIO_MODULES = {
 
 INSTALLED_WEIGHTS = Path(__file__).parent / "studio" / "weights"
 INIT_SEED = 0  # random-weight runs are reproducible: the weights never depend on the noise seed
+# Modules a checkpoint folder may lack: folders trained before they existed still load, and the
+# module's untrained init is the identity (the expression net leaves the reference as it is).
+OPTIONAL_MODULES = frozenset({"expression"})
+log = logging.getLogger("talkloop.models")
 
 
 def installed_weights() -> Path | None:
@@ -55,7 +60,14 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
     modules: dict[str, Module] = {}
     for name, field in STUDIO_MODULES.items():
         module = Module(name, getattr(family, field), nets[name])
-        if folder is not None and module.state_dict():
+        if folder is not None and name in OPTIONAL_MODULES and not _has_module(folder, name):
+            log.warning(
+                "%s has no %s weights (trained before that module existed): it stays the "
+                "identity, so prompts will not change the face",
+                folder,
+                name,
+            )
+        elif folder is not None and module.state_dict():
             module.load(folder)
         if m.compute_dtype == "bfloat16":
             module.cast_matmuls(torch.bfloat16)
@@ -64,6 +76,11 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
 
     apply_placement(modules, m)  # resident / offloaded / sharded, per model.placement
     return modules
+
+
+def _has_module(folder: Path, name: str) -> bool:
+    """Whether ``folder`` holds any file of module ``name`` (a partial pair still fails to load)."""
+    return (folder / f"{name}.json").is_file() or (folder / f"{name}.safetensors").is_file()
 
 
 def _family_from_folder(folder: Path):
@@ -76,6 +93,10 @@ def _family_from_folder(folder: Path):
     parts = {}
     for name, field in STUDIO_MODULES.items():
         path = folder / f"{name}.json"
+        if name in OPTIONAL_MODULES and not _has_module(folder, name):
+            # Untrained (see OPTIONAL_MODULES), sized to the folder's latents.
+            parts[field] = {"latent_channels": parts.get("vae", {}).get("latent_channels", 8)}
+            continue
         if not path.is_file():
             raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")
         try:
