@@ -94,8 +94,9 @@ def _family_from_folder(folder: Path):
     for name, field in STUDIO_MODULES.items():
         path = folder / f"{name}.json"
         if name in OPTIONAL_MODULES and not _has_module(folder, name):
-            # Untrained (see OPTIONAL_MODULES), sized to the folder's latents.
-            parts[field] = {"latent_channels": parts.get("vae", {}).get("latent_channels", 8)}
+            # Untrained (see OPTIONAL_MODULES), sized to the folder's latents when it says.
+            vae = parts.get("vae", {})
+            parts[field] = {k: vae[k] for k in ("latent_channels",) if k in vae}
             continue
         if not path.is_file():
             raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.studio.params import FrameParams
-from pipeline.studio.style import Style, smile_of_style
+from pipeline.studio.style import SMILE_RANGE, Style, smile_of_style
 from pipeline.studio.visemes import MouthTracks
 
 
@@ -89,7 +89,7 @@ def motion_params(
     p["ty"] = np.clip(0.01 * _smooth_noise(rng, n, 1.0 * sec) * amp, -0.04, 0.04)
     p["brow_raise"] = np.clip(brow + 0.08 * _smooth_noise(rng, n, 0.7 * sec), -1.0, 1.0)
     smile = smile_of_style(style.smile) + 0.1 * _smooth_noise(rng, n, 1.5 * sec)
-    p["smile"] = np.clip(smile, -0.25, 1.0)
+    p["smile"] = np.clip(smile, *SMILE_RANGE)
     p["blink"] = blink_track(rng, n, fps, 0.2 + 0.15 * active.mean())
     p["gaze_x"], p["gaze_y"] = _gaze(rng, n, fps, style.gaze)
     return p

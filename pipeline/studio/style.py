@@ -158,8 +158,12 @@ def is_described(value: float) -> bool:
     return value < DESCRIBED_BELOW or value > DESCRIBED_ABOVE
 
 
+SMILE_RANGE = (-0.25, 1.0)  # the rendered smile a style may reach (motion clips to it)
+
+
 def smile_of_style(value: float) -> float:
-    """The rendered ``smile`` a style's smile value centres on, before motion's slow wobble."""
+    """The rendered ``smile`` a style's smile value centres on, before motion's slow wobble
+    (clip to ``SMILE_RANGE``)."""
     return (value - 0.3) * 1.1
 
 

@@ -25,7 +25,14 @@ from pipeline.studio.dataset import Clip, load_clip, make_clip, region_weights, 
 from pipeline.studio.params import FrameParams
 from pipeline.studio.renderer import Renderer
 from pipeline.studio.splits import character_seed
-from pipeline.studio.style import Style, describe, is_described, sample_style, smile_of_style
+from pipeline.studio.style import (
+    SMILE_RANGE,
+    Style,
+    describe,
+    is_described,
+    sample_style,
+    smile_of_style,
+)
 
 
 def clip_paths(folder: Path) -> list[Path]:
@@ -180,7 +187,7 @@ def expression_pairs(
             style = sample_style(rng)
             prompt = describe(style, rng)
             if prompt and is_described(style.smile):
-                smiles[j + 1] = np.clip(smile_of_style(style.smile), -0.25, 1.0)
+                smiles[j + 1] = np.clip(smile_of_style(style.smile), *SMILE_RANGE)
             prompts.append(prompt)
         params = FrameParams.from_tracks(len(smiles), smile=smiles)
         frames = Renderer(character, size).render(params).frames

@@ -31,7 +31,7 @@ from pipeline.models.studio.a2v import lowres
 from pipeline.models.studio.family import StudioConfig, build_networks
 from pipeline.models.studio.sampling import flow_matching_loss
 from pipeline.studio.style import describe
-from pipeline.train.config import PhaseConfig, TrainConfig
+from pipeline.train.config import PHASES, PhaseConfig, TrainConfig
 from pipeline.train.data import (
     ClipArrays,
     PixelBank,
@@ -545,7 +545,7 @@ class Trainer:
         if "vae" not in self.done:
             self.run_phase("vae", *self._phase("vae"))
         self.prepare_latents()
-        for name in ("a2v", "sr", "readout", "expression"):
+        for name in PHASES[1:]:  # after the VAE and the latents it makes
             if name not in self.done:
                 self.run_phase(name, *self._phase(name))
         self.export(self.out)

@@ -20,7 +20,7 @@ def test_untrained_net_leaves_the_reference_exactly_as_it_is() -> None:
     assert torch.equal(net(z, text), z)
 
 
-def test_trained_paths_follow_the_prompt(randomise) -> None:
+def test_live_net_output_depends_on_the_prompt(randomise) -> None:
     net = randomise(ExpressionNet(ExpressionConfig(channels=16, blocks=2, style_dim=16)))
     z, text = torch.randn(1, 8, 8, 8), torch.randn(2, 384)
     with torch.no_grad():

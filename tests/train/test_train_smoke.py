@@ -200,3 +200,32 @@ def test_expression_pairs_change_the_face_only_where_the_prompt_names_a_smile() 
                 counts["neither"] += 1
                 assert change == 0, prompt
     assert min(counts.values()) >= 5, counts
+
+
+def test_resume_of_a_checkpoint_from_before_the_expression_phase(
+    clips: Path, tmp_path: Path
+) -> None:
+    """A checkpoint without expression weights resumes and trains that phase; one that claims the
+    phase done without its weights is refused."""
+    from pipeline.core.errors import CheckpointError
+    from pipeline.train.trainer import CHECKPOINT
+
+    cfg = _recipe(vae=4, a2v=2, sr=2, readout=2, expression=3)
+    trainer = Trainer(cfg, tmp_path / "w", data=clips, progress=False)
+    trainer.prepare_pixels()
+    trainer.run_phase("vae", *trainer._phase("vae"))
+    path = tmp_path / "w" / "checkpoint" / CHECKPOINT
+    state = torch.load(path, weights_only=False)
+    del state["nets"]["expression"]
+    torch.save(state, path)
+    resumed = Trainer(cfg, tmp_path / "w", data=clips, resume=True, progress=False)
+    assert resumed.done == ["vae"]
+    resumed.run()
+    assert "expression" in resumed.done
+    assert (tmp_path / "w" / "expression.safetensors").is_file()
+
+    state = torch.load(path, weights_only=False)
+    del state["nets"]["expression"]
+    torch.save(state, path)
+    with pytest.raises(CheckpointError, match="'expression' is done but its weights are missing"):
+        Trainer(cfg, tmp_path / "w", data=clips, resume=True, progress=False)
