@@ -36,7 +36,7 @@ def add_video_args(p: argparse.ArgumentParser) -> None:
         "--size", type=parse_size, default=(256, 256), help="256 or WxH (multiples of 32)"
     )
     p.add_argument("--fps", type=int, default=25)
-    p.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 4)")
+    p.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--size", type=parse_size, default=(256, 256), help="256 or WxH (multiples of 32)"
     )
     r.add_argument("--fps", type=int, default=25)
-    r.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 4)")
+    r.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--preview", action="store_true", help="fast draft: 2 steps, fastest encoder")
     r.add_argument("--quiet", action="store_true", help="no progress bar")

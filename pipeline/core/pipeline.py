@@ -55,6 +55,7 @@ def default_phases(config: TalkloopConfig) -> dict[str, Phase]:
     from pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
     from pipeline.stages.decode import DecodeStage
     from pipeline.stages.init import ExpressionStage, PromptStage, ReferenceStage
+    from pipeline.stages.mouth import MouthStage
     from pipeline.stages.sr import SRStage
 
     a2v = A2VStage(config.sampler)
@@ -75,7 +76,11 @@ def default_phases(config: TalkloopConfig) -> dict[str, Phase]:
             frozenset({"job", "seed", "next_latents", "next_audio"}),
             [IContextStage(), a2v],
         ),
-        "publish": Phase("publish", frozenset({"segment_latents"}), [SRStage(), DecodeStage()]),
+        "publish": Phase(
+            "publish",
+            frozenset({"segment_latents", "segment_audio"}),
+            [SRStage(), MouthStage(), DecodeStage()],
+        ),
     }
 
 
@@ -420,11 +425,14 @@ class Session:
         ctx_len = min(p.config.schedule.ctx_len, latents.shape[0])
         state.context_latents = latents[-ctx_len:].clone()
         state.context_audio = chunk_audio[-ctx_len:].clone()
-        del latents, chunk_audio
+        del latents
         frames = p.run_phase(
-            "publish", {"segment_latents": display}, state, self.stats.stage_seconds
+            "publish",
+            {"segment_latents": display, "segment_audio": chunk_audio},  # both frames of n
+            state,
+            self.stats.stage_seconds,
         ).pop("frames")
-        del display
+        del display, chunk_audio
         took = time.perf_counter() - t0
         self.stats.generate_seconds += took
         last = self.stats.chunk_seconds

@@ -20,13 +20,24 @@ STUDIO_MODULES = {
     "expression": "expression",
     "a2v": "a2v",
     "sr": "sr",
+    "mouth": "mouth",
 }
 
 INSTALLED_WEIGHTS = Path(__file__).parent / "studio" / "weights"
 INIT_SEED = 0  # random-weight runs are reproducible: the weights never depend on the noise seed
 # Modules a checkpoint folder may lack: folders trained before they existed still load, and the
-# module's untrained init is the identity (the expression net leaves the reference as it is).
-OPTIONAL_MODULES = frozenset({"expression"})
+# module's untrained init is the identity (the expression net leaves the reference as it is, the
+# mouth net the latents). Each is sized from the folder's other configs: (its key, family field,
+# that field's key).
+OPTIONAL_MODULES = {
+    "expression": (("latent_channels", "vae", "latent_channels"),),
+    "mouth": (("latent_channels", "vae", "latent_channels"), ("audio_dim", "audio", "dim")),
+}
+# What a folder without them loses, for the warning.
+_OPTIONAL_LOSS = {
+    "expression": "prompts will not change the face",
+    "mouth": "no explicit mouth path",
+}
 log = logging.getLogger("talkloop.models")
 
 
@@ -63,9 +74,10 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
         if folder is not None and name in OPTIONAL_MODULES and not _has_module(folder, name):
             log.warning(
                 "%s has no %s weights (trained before that module existed): it stays the "
-                "identity, so prompts will not change the face",
+                "identity, so %s",
                 folder,
                 name,
+                _OPTIONAL_LOSS[name],
             )
         elif folder is not None and module.state_dict():
             module.load(folder)
@@ -94,9 +106,12 @@ def _family_from_folder(folder: Path):
     for name, field in STUDIO_MODULES.items():
         path = folder / f"{name}.json"
         if name in OPTIONAL_MODULES and not _has_module(folder, name):
-            # Untrained (see OPTIONAL_MODULES), sized to the folder's latents when it says.
-            vae = parts.get("vae", {})
-            parts[field] = {k: vae[k] for k in ("latent_channels",) if k in vae}
+            # Untrained (see OPTIONAL_MODULES), sized to the folder's other networks.
+            parts[field] = {
+                key: parts[src][src_key]
+                for key, src, src_key in OPTIONAL_MODULES[name]
+                if src_key in parts.get(src, {})
+            }
             continue
         if not path.is_file():
             raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")

@@ -8,9 +8,9 @@ from pipeline.core.stage import Stage, StageContext
 class SRStage(Stage):
     name = "sr"
     reads = ("segment_latents", "ref_latent_hr")
-    writes = ("hr_latents",)
+    writes = ("sr_latents",)
     needs = ("sr",)
 
     def run(self, ctx: StageContext) -> None:
         z_lr = ctx.read("segment_latents")  # (T, C, h, w) in display order
-        ctx.write("hr_latents", ctx.module("sr").net(z_lr, ctx.read("ref_latent_hr")).float())
+        ctx.write("sr_latents", ctx.module("sr").net(z_lr, ctx.read("ref_latent_hr")).float())

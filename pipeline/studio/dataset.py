@@ -210,9 +210,21 @@ def region_weights(clip: Clip, face: float = 2.0, mouth: float = 8.0) -> np.ndar
     if clip.frames is None:
         raise ValueError("region_weights needs a rendered clip (render=True)")
     t, h, w = clip.frames.shape[:3]
-    out = np.ones((t, h, w), np.float32)
-    ys, xs = np.arange(h)[None, :, None] + 0.5, np.arange(w)[None, None, :] + 0.5
-    for box, value in ((clip.face_box, face), (clip.mouth_box, mouth)):
+    return box_weights(clip.face_box, clip.mouth_box, h, w, face, mouth)
+
+
+def box_weights(
+    face_box: np.ndarray,
+    mouth_box: np.ndarray,
+    height: int,
+    width: int,
+    face: float = 2.0,
+    mouth: float = 8.0,
+) -> np.ndarray:
+    """``region_weights`` from per-frame boxes ``(T, 4)`` (x0, y0, x1, y1) in pixels."""
+    out = np.ones((face_box.shape[0], height, width), np.float32)
+    ys, xs = np.arange(height)[None, :, None] + 0.5, np.arange(width)[None, None, :] + 0.5
+    for box, value in ((face_box, face), (mouth_box, mouth)):
         x0, y0, x1, y1 = (box[:, i, None, None] for i in range(4))
         inside = (xs >= x0) & (xs < x1) & (ys >= y0) & (ys < y1)
         out = np.where(inside, np.maximum(out, value), out)

@@ -25,6 +25,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--steps-sr", type=int, help="SR steps")
     t.add_argument("--steps-readout", type=int, help="readout (eval) steps")
     t.add_argument("--steps-expression", type=int, help="expression (prompt -> reference) steps")
+    t.add_argument("--steps-mouth", type=int, help="mouth (audio -> mouth shape, editor) steps")
     t.add_argument("--minutes", type=float, help="wall-clock budget for the training phases")
     t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     t.add_argument("--seed", type=int, default=0)

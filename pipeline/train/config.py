@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PHASES = ("vae", "a2v", "sr", "readout", "expression")
+PHASES = ("vae", "a2v", "sr", "readout", "expression", "mouth")
 
 
 class PhaseConfig(BaseModel):
@@ -51,6 +51,7 @@ class TrainConfig(BaseModel):
     sr: PhaseConfig = PhaseConfig(steps=4000, batch=24, lr=4e-4)
     readout: PhaseConfig = PhaseConfig(steps=1500, batch=64, lr=1e-3, warmup=50)
     expression: PhaseConfig = PhaseConfig(steps=1200, batch=16, lr=1e-3, warmup=100)
+    mouth: PhaseConfig = PhaseConfig(steps=3000, batch=32, lr=1e-3, warmup=100)
     # VAE: windows of consecutive frames kept per clip (the decoder is causal over cache_frames).
     vae_windows_per_clip: int = Field(4, ge=1, le=64)
     vae_decode_frames: int = Field(2, ge=1, le=16, description="decoded frames per window")
@@ -72,6 +73,10 @@ class TrainConfig(BaseModel):
     # Expression: reference / prompted-expression pairs (``expression_pairs``).
     expression_characters: int = Field(600, ge=1, description="characters rendered for it")
     expression_styles: int = Field(4, ge=1, le=64, description="prompted styles per character")
+    # Mouth: the head learns each clip frame's mouth from its audio; the editor learns
+    # wrong-mouth / right-mouth pairs (``mouth_pairs``).
+    mouth_characters: int = Field(600, ge=1, description="characters rendered for the editor")
+    mouth_frames: int = Field(8, ge=1, le=256, description="frame pairs per character")
     # SR: the low-res input is noised so SR learns to fix small A2V errors.
     sr_input_noise: float = Field(0.1, ge=0.0, le=1.0)
     checkpoint_every: int = Field(200, ge=1)
@@ -91,11 +96,14 @@ class TrainConfig(BaseModel):
                 sr=PhaseConfig(steps=30, batch=8, lr=2e-3, warmup=0),
                 readout=PhaseConfig(steps=30, batch=16, lr=3e-3, warmup=0),
                 expression=PhaseConfig(steps=30, batch=4, lr=1e-4, warmup=0),
+                mouth=PhaseConfig(steps=30, batch=4, lr=1e-3, warmup=0),
                 vae_windows_per_clip=2,
                 readout_clips=3,
                 readout_frames_per_clip=4,
                 expression_characters=3,
                 expression_styles=2,
+                mouth_characters=3,
+                mouth_frames=2,
                 max_gen=6,
                 max_interior=2,
                 checkpoint_every=10,

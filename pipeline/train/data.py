@@ -20,8 +20,16 @@ from torch import Tensor
 
 from pipeline.core.clock import frame_start_sample
 from pipeline.core.errors import ConfigError
+from pipeline.models.studio.mouth import MOUTH_FIELDS
 from pipeline.studio.character import Character, sample_character
-from pipeline.studio.dataset import Clip, load_clip, make_clip, region_weights, write_clip
+from pipeline.studio.dataset import (
+    Clip,
+    box_weights,
+    load_clip,
+    make_clip,
+    region_weights,
+    write_clip,
+)
 from pipeline.studio.params import FrameParams
 from pipeline.studio.renderer import Renderer
 from pipeline.studio.splits import character_seed
@@ -194,6 +202,59 @@ def expression_pairs(
         yield frames[0], frames[1:], prompts
 
 
+def mouth_shape(params: FrameParams) -> np.ndarray:
+    """(T, len(MOUTH_FIELDS)) float32: the mouth part of per-frame parameters."""
+    return np.stack([params[f] for f in MOUTH_FIELDS], axis=1).astype(np.float32)
+
+
+@dataclass
+class MouthPairs:
+    """One character's frames for the mouth editor: the same poses with a wrong and the right
+    mouth."""
+
+    reference: np.ndarray  # (H, W, 3) uint8 neutral reference
+    wrong: np.ndarray  # (F, H, W, 3) uint8 frames with an altered mouth
+    right: np.ndarray  # (F, H, W, 3) uint8 the same frames with the clip's mouth
+    shape: np.ndarray  # (F, len(MOUTH_FIELDS)) float32 the right mouth's shape
+    weights: np.ndarray  # (F, H, W) float32 region weights of the right frames (face 2, mouth 8)
+
+
+def mouth_pairs(
+    count: int, frames_per_character: int, size: int, seed: int
+) -> Iterator[MouthPairs]:
+    """Training pairs for the mouth editor, ``count`` training-split characters.
+
+    Poses, expressions and mouths come from a generated training clip of each character. The
+    wrong mouth imitates what the A2V makes: the right shape pulled part of the way towards
+    another frame's shape or a closed mouth (how far is uniform in [0.2, 1]); one frame in eight
+    keeps the right mouth, so a mouth that is already right stays as it is.
+    """
+    for k in range(count):
+        clip = make_clip("train", k, seed + 0x3007, size=size, render=False, augment=False)
+        rng = np.random.default_rng([seed, k, 0x3007])
+        n = min(frames_per_character, clip.num_frames)
+        take = np.sort(rng.choice(clip.num_frames, size=n, replace=False))
+        right = FrameParams(clip.params.values[take].copy())
+        target = mouth_shape(right)  # (F, M)
+        others = mouth_shape(clip.params)[rng.integers(clip.num_frames, size=n)]  # (F, M)
+        others[rng.random(n) < 0.4] = 0.0  # closed
+        pull = rng.uniform(0.2, 1.0, size=(n, 1)).astype(np.float32)
+        pull[rng.random(n) < 0.125] = 0.0
+        wrong = FrameParams(right.values.copy())
+        for j, field in enumerate(MOUTH_FIELDS):
+            wrong[field] = (1 - pull[:, 0]) * target[:, j] + pull[:, 0] * others[:, j]
+        renderer = Renderer(clip.character, size)
+        out = renderer.render(right)
+        weights = box_weights(out.face_box, out.mouth_box, *out.frames.shape[1:3])
+        yield MouthPairs(
+            reference=renderer.render_neutral(),
+            wrong=renderer.render(wrong).frames,
+            right=out.frames,
+            shape=target,
+            weights=weights,
+        )
+
+
 @dataclass
 class ClipArrays:
     """One clip reduced to what the latent phases sample from (all per frame, T frames)."""
@@ -204,6 +265,7 @@ class ClipArrays:
     style: Style  # what the prompt describes (training re-describes it with other phrases)
     crop: np.ndarray  # (3,) mouth crop (cx, cy, side) in pixels
     weights_lr: Tensor  # (T, 1, h, w) float16 region weights at latent resolution
+    mouth: Tensor  # (T, len(MOUTH_FIELDS)) float32 rendered mouth shape (the mouth head's target)
     latents: Tensor | None = None  # (T, C, h, w) float16 scaled VAE latents
     ref_latent: Tensor | None = None  # (C, h, w) float32 scaled latent of the reference
 
@@ -241,6 +303,7 @@ def clip_arrays(clip: Clip, encoder: torch.nn.Module, latent_factor: int) -> Cli
         style=clip.style,
         crop=mouth_crop(clip.character, size),
         weights_lr=w_lr,
+        mouth=torch.from_numpy(mouth_shape(clip.params)),
     )
 
 

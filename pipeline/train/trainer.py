@@ -41,6 +41,7 @@ from pipeline.train.data import (
     expression_pairs,
     latent_cache_state,
     load_all,
+    mouth_pairs,
     readout_renders,
     restore_latents,
     to_images,
@@ -50,8 +51,15 @@ from pipeline.train.readout import Readout, ReadoutConfig, crop_mouths, readout_
 CHECKPOINT = "checkpoint.pt"
 LATENT_CACHE = "latents.safetensors"
 # Share of a --minutes budget per phase (A2V carries the content, so it gets the most).
-BUDGET_SHARE = {"vae": 0.3, "a2v": 0.48, "sr": 0.12, "readout": 0.07, "expression": 0.03}
-TRAINED = ("vae", "audio_encoder", "a2v", "sr", "expression")
+BUDGET_SHARE = {
+    "vae": 0.28,
+    "a2v": 0.46,
+    "sr": 0.12,
+    "readout": 0.06,
+    "expression": 0.03,
+    "mouth": 0.05,
+}
+TRAINED = ("vae", "audio_encoder", "a2v", "sr", "expression", "mouth")
 PROMPT_VARIANTS = 8  # prompts per clip the A2V phase draws from (see _text_embeddings)
 
 
@@ -470,6 +478,70 @@ class Trainer:
         keep = (refs[idx] - targets[idx]).square().mean()
         return loss, {"unedited": float(keep)}
 
+    @torch.no_grad()
+    def _mouth_data(self) -> dict[str, Tensor]:
+        """The mouth phase's two data sets.
+
+        Head: every training clip frame's audio feature (the trained, frozen audio encoder) and
+        its rendered mouth shape. Editor: ``mouth_pairs`` encoded by the VAE; the wrong frames go
+        through the trained SR from their pooled, noised latents, as A2V output does at inference.
+        """
+        cfg, g = self.cfg, torch.Generator().manual_seed(self.cfg.seed + 11)
+        enc = self.nets["audio_encoder"].eval()
+        feats = torch.cat([enc(a.mel).float() for a in self.arrays])  # (N, D_audio)
+        shapes = torch.cat([a.mouth for a in self.arrays])  # (N, M)
+        vae, sr = self.nets["vae"].eval(), self.nets["sr"].eval()
+        side = cfg.size if self.bank is None else int(self.bank.frames.shape[2])  # as trained
+        factor = self.family.vae.spatial_factor
+        z_in, z_out, target, weights = [], [], [], []
+        for pair in mouth_pairs(cfg.mouth_characters, cfg.mouth_frames, side, cfg.seed):
+            n = pair.wrong.shape[0]
+            x = to_images(
+                torch.from_numpy(np.concatenate([pair.reference[None], pair.wrong, pair.right]))
+            )
+            z = vae.encode(x).float()  # fp32: bf16 convs are ~10x slower at inference
+            ref, wrong, right = z[:1], z[1 : 1 + n], z[1 + n :]
+            lr = F.avg_pool2d(wrong, 2)
+            sigma = torch.rand(n, 1, 1, 1, generator=g) * cfg.sr_input_noise
+            z_in.append(
+                sr(
+                    lr + sigma * torch.randn(lr.shape, generator=g), ref.expand(n, -1, -1, -1)
+                ).float()
+            )
+            z_out.append(right)
+            target.append(torch.from_numpy(pair.shape))
+            w = torch.from_numpy(pair.weights)[:, None]  # (F, 1, H, W)
+            weights.append(F.avg_pool2d(w, factor))
+        return {
+            "feats": feats,
+            "shapes": shapes,
+            "z_in": torch.cat(z_in),
+            "z_out": torch.cat(z_out),
+            "target": torch.cat(target),
+            "weights": torch.cat(weights),
+        }
+
+    def _mouth_step(self, data: dict[str, Tensor]) -> tuple[Tensor, dict[str, float]]:
+        """Head loss (audio -> shape, 4 batches of frames) plus the editor's region-weighted
+        latent loss, conditioned on the true shape."""
+        net, b, g = self.nets["mouth"], self.cfg.mouth.batch, self.gen
+        i = torch.randint(data["feats"].shape[0], (4 * b,), generator=g)
+        j = torch.randint(data["z_in"].shape[0], (b,), generator=g)
+        z_in, z_out = data["z_in"][j], data["z_out"][j]
+        w = data["weights"][j].expand_as(z_in)
+        with self._autocast():
+            shape = net.shape_of(data["feats"][i])
+            edited = net.edit(z_in, data["target"][j])
+        head = (shape.float() - data["shapes"][i]).square().mean()
+        edit = ((edited.float() - z_out).square() * w).sum() / w.sum()
+        # The editor's error if it left the latents untouched: what the edit has to win.
+        keep = ((z_in - z_out).square() * w).sum() / w.sum()
+        return head + edit, {
+            "head": float(head.detach()),
+            "edit": float(edit.detach()),
+            "unedited": float(keep),
+        }
+
     # -- the run ----------------------------------------------------------------------------------
 
     def prepare_pixels(self) -> None:
@@ -535,6 +607,9 @@ class Trainer:
             refs, targets, emb = self._expression_data()
             params = list(self.nets["expression"].train().parameters())
             return params, lambda: self._expression_step(refs, targets, emb)
+        if name == "mouth":
+            data = self._mouth_data()
+            return list(self.nets["mouth"].train().parameters()), lambda: self._mouth_step(data)
         crops, targets = self._readout_data()
         params = list(self.readout.train().parameters())
         return params, lambda: self._readout_step(crops, targets)
@@ -599,7 +674,7 @@ class Trainer:
         return update
 
     def export(self, folder: Path) -> None:
-        """fp16 weights of all six networks and the readout, as ``load_modules`` reads them."""
+        """fp16 weights of all seven networks and the readout, as ``load_modules`` reads them."""
         for name, field in STUDIO_MODULES.items():
             net = self.nets[name]
             Module(name, getattr(self.family, field), net).save(folder, dtype=torch.float16)

@@ -28,6 +28,7 @@ def test_build_networks_keys_and_determinism(tiny, text_encoder) -> None:
             "expression",
             "a2v",
             "sr",
+            "mouth",
         )
     )
     for key in NETWORK_KEYS:
@@ -76,6 +77,8 @@ def test_default_config_builds_consistently() -> None:
 def test_mismatched_sub_configs_are_rejected() -> None:
     with pytest.raises(pydantic.ValidationError, match="audio_dim"):
         StudioConfig(audio={"dim": 64})
+    with pytest.raises(pydantic.ValidationError, match="mouth.audio_dim=64 must equal"):
+        StudioConfig(mouth={"audio_dim": 64})
     with pytest.raises(pydantic.ValidationError, match="latent_channels"):
         StudioConfig(vae={"latent_channels": 4})
     with pytest.raises(pydantic.ValidationError):

@@ -44,7 +44,7 @@ def test_every_phase_overfits_a_fixed_batch(clips: Path, tmp_path: Path) -> None
     trainer.prepare_pixels()
     curves = {"vae": trainer.overfit("vae", 30)}
     trainer.prepare_latents()
-    for phase in ("a2v", "sr", "readout", "expression"):
+    for phase in ("a2v", "sr", "readout", "expression", "mouth"):
         curves[phase] = trainer.overfit(phase, 30)
     for phase, losses in curves.items():
         assert all(np.isfinite(losses)), phase
@@ -53,7 +53,7 @@ def test_every_phase_overfits_a_fixed_batch(clips: Path, tmp_path: Path) -> None
 
 
 def test_resume_continues_the_same_run(clips: Path, tmp_path: Path) -> None:
-    steps = {"vae": 12, "a2v": 8, "sr": 0, "readout": 0, "expression": 0}
+    steps = {"vae": 12, "a2v": 8, "sr": 0, "readout": 0, "expression": 0, "mouth": 0}
     cfg = _recipe(**steps).model_copy(update={"checkpoint_every": 4})
     whole = train(cfg, tmp_path / "whole", data=clips, progress=False)
 
@@ -81,12 +81,12 @@ def test_resume_continues_the_same_run(clips: Path, tmp_path: Path) -> None:
 
 def test_saved_weights_load_and_render(clips: Path, tmp_path: Path) -> None:
     out = train(
-        _recipe(vae=10, a2v=10, sr=10, readout=10, expression=10),
+        _recipe(vae=10, a2v=10, sr=10, readout=10, expression=10, mouth=10),
         tmp_path / "w",
         data=clips,
         progress=False,
     )
-    phases = ["vae", "a2v", "sr", "readout", "expression"]
+    phases = ["vae", "a2v", "sr", "readout", "expression", "mouth"]
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["phases_done"] == phases
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
@@ -202,6 +202,33 @@ def test_expression_pairs_change_the_face_only_where_the_prompt_names_a_smile() 
     assert min(counts.values()) >= 5, counts
 
 
+def test_mouth_pairs_differ_only_around_the_mouth() -> None:
+    """The wrong frame is the right one with another mouth: same pose, eyes and background, the
+    difference only around the mouth and jaw; a few pairs keep the right mouth."""
+    from pipeline.train.data import mouth_pairs
+
+    kept = moved = 0
+    for pair in mouth_pairs(6, 8, 64, seed=0):
+        assert pair.wrong.shape == pair.right.shape == (8, 64, 64, 3)
+        assert pair.reference.shape == (64, 64, 3) and pair.shape.shape == (8, 6)
+        assert pair.weights.shape == (8, 64, 64) and pair.weights.max() == 8.0
+        diff = np.abs(pair.wrong.astype(int) - pair.right).max(axis=-1)  # (F, H, W)
+        for f in range(8):
+            if diff[f].max() == 0:
+                kept += 1
+                continue
+            # Every visibly changed pixel is in the lower half of the face (lips, teeth, jaw).
+            ys, xs = np.nonzero(diff[f] > 8)
+            if not len(ys):  # pulled towards a shape much like its own
+                continue
+            moved += 1
+            face = np.argwhere(pair.weights[f] >= 2.0)
+            (y0, x0), (y1, x1) = face.min(axis=0), face.max(axis=0)
+            assert ys.min() >= (y0 + y1) / 2 and ys.max() <= y1 + 1, f
+            assert xs.min() >= x0 and xs.max() <= x1, f
+    assert kept >= 1 and moved >= 30
+
+
 def test_resume_of_a_checkpoint_from_before_the_expression_phase(
     clips: Path, tmp_path: Path
 ) -> None:
@@ -210,7 +237,7 @@ def test_resume_of_a_checkpoint_from_before_the_expression_phase(
     from pipeline.core.errors import CheckpointError
     from pipeline.train.trainer import CHECKPOINT
 
-    cfg = _recipe(vae=4, a2v=2, sr=2, readout=2, expression=3)
+    cfg = _recipe(vae=4, a2v=2, sr=2, readout=2, expression=3, mouth=2)
     trainer = Trainer(cfg, tmp_path / "w", data=clips, progress=False)
     trainer.prepare_pixels()
     trainer.run_phase("vae", *trainer._phase("vae"))

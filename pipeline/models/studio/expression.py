@@ -17,6 +17,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
+from pipeline.models.studio.layers import FiLMBlock
+
 
 class ExpressionConfig(BaseModel):
     """ExpressionNet sizes."""
@@ -30,26 +32,6 @@ class ExpressionConfig(BaseModel):
     style_dim: int = Field(128, ge=8, le=4096)
 
 
-class _FiLMBlock(nn.Module):
-    """Residual conv block whose normalised activations are scaled and shifted by the style."""
-
-    def __init__(self, ch: int, style_dim: int, dilation: int) -> None:
-        super().__init__()
-        self.norm1 = nn.GroupNorm(8, ch, affine=False)
-        self.film = nn.Linear(style_dim, 2 * ch)
-        self.conv1 = nn.Conv2d(ch, ch, 3, padding=dilation, dilation=dilation)
-        self.norm2 = nn.GroupNorm(8, ch)
-        self.conv2 = nn.Conv2d(ch, ch, 3, padding=1)
-        self.act = nn.SiLU()
-
-    def forward(self, x: Tensor, style: Tensor) -> Tensor:
-        scale, shift = self.film(style)[:, :, None, None].chunk(2, dim=1)
-        h = self.norm1(x) * (1.0 + scale) + shift
-        h = self.conv1(self.act(h))
-        h = self.conv2(self.act(self.norm2(h)))
-        return x + h
-
-
 class ExpressionNet(nn.Module):
     """``(reference latent, prompt embedding) -> edited reference latent`` of the same shape."""
 
@@ -61,7 +43,7 @@ class ExpressionNet(nn.Module):
         self.conv_in = nn.Conv2d(cfg.latent_channels, ch, 3, padding=1)
         # Dilations widen the view so a block sees the whole mouth and cheeks (32x32 latent).
         self.blocks = nn.ModuleList(
-            [_FiLMBlock(ch, sd, dilation=(1, 2, 4)[i % 3]) for i in range(cfg.blocks)]
+            [FiLMBlock(ch, sd, dilation=(1, 2, 4)[i % 3]) for i in range(cfg.blocks)]
         )
         self.norm_out = nn.GroupNorm(8, ch)
         self.conv_out = nn.Conv2d(ch, cfg.latent_channels, 3, padding=1)

@@ -1,4 +1,4 @@
-"""The studio family: one root config and the constructor of its six networks."""
+"""The studio family: one root config and the constructor of its seven networks."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from torch import nn
 from pipeline.models.studio.a2v import A2VConfig, A2VDiT
 from pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
 from pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
+from pipeline.models.studio.mouth import MouthConfig, MouthNet
 from pipeline.models.studio.sr import SRConfig, SRDiT
 from pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
 from pipeline.models.studio.vae import StudioVAE, VAEConfig
 
-NETWORK_KEYS = ("vae", "audio_encoder", "text_encoder", "expression", "a2v", "sr")
+NETWORK_KEYS = ("vae", "audio_encoder", "text_encoder", "expression", "a2v", "sr", "mouth")
 
 
 class StudioConfig(BaseModel):
@@ -26,21 +27,23 @@ class StudioConfig(BaseModel):
     expression: ExpressionConfig = Field(default_factory=ExpressionConfig)
     a2v: A2VConfig = Field(default_factory=A2VConfig)
     sr: SRConfig = Field(default_factory=SRConfig)
+    mouth: MouthConfig = Field(default_factory=MouthConfig)
 
     @model_validator(mode="after")
     def _agree(self) -> StudioConfig:
         c = self.vae.latent_channels
-        if {self.a2v.latent_channels, self.sr.latent_channels, self.expression.latent_channels} != {
-            c
-        }:
+        others = {n: getattr(self, n).latent_channels for n in ("a2v", "sr", "expression", "mouth")}
+        if set(others.values()) != {c}:
             raise ValueError(
-                f"latent_channels disagree: vae={c}, a2v={self.a2v.latent_channels}, "
-                f"sr={self.sr.latent_channels}, expression={self.expression.latent_channels}"
+                f"latent_channels disagree: vae={c}, "
+                + ", ".join(f"{n}={v}" for n, v in others.items())
             )
-        if self.a2v.audio_dim != self.audio.dim:
-            raise ValueError(
-                f"a2v.audio_dim={self.a2v.audio_dim} must equal audio.dim={self.audio.dim}"
-            )
+        for name in ("a2v", "mouth"):
+            if getattr(self, name).audio_dim != self.audio.dim:
+                raise ValueError(
+                    f"{name}.audio_dim={getattr(self, name).audio_dim} must equal "
+                    f"audio.dim={self.audio.dim}"
+                )
         for name in ("a2v", "expression"):
             if getattr(self, name).text_dim != self.text.dim:
                 raise ValueError(
@@ -72,6 +75,7 @@ class StudioConfig(BaseModel):
             expression=ExpressionConfig(channels=16, blocks=1, style_dim=16),
             a2v=A2VConfig(patch=2, dim=32, depth=2, heads=2, audio_dim=16, max_frames=32),
             sr=SRConfig(dim=32, depth=1, heads=2),
+            mouth=MouthConfig(audio_dim=16, hidden=16, channels=8, blocks=1, style_dim=8),
         )
 
     @classmethod
@@ -88,10 +92,10 @@ class StudioConfig(BaseModel):
 
 
 def build_networks(config: StudioConfig) -> dict[str, nn.Module]:
-    """Construct all six networks from the current ``torch.manual_seed`` state (caller seeds).
+    """Construct all seven networks from the current ``torch.manual_seed`` state (caller seeds).
 
     Returns:
-        ``{"vae", "audio_encoder", "text_encoder", "expression", "a2v", "sr"}`` -> module, in eval mode.
+        ``NETWORK_KEYS`` -> module, in eval mode.
         The text encoder holds no parameters (its ``state_dict()`` is empty).
     """
     nets: dict[str, nn.Module] = {
@@ -101,6 +105,7 @@ def build_networks(config: StudioConfig) -> dict[str, nn.Module]:
         "expression": ExpressionNet(config.expression),
         "a2v": A2VDiT(config.a2v),
         "sr": SRDiT(config.sr),
+        "mouth": MouthNet(config.mouth),
     }
     for net in nets.values():
         net.eval()

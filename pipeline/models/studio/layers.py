@@ -133,3 +133,24 @@ class TimestepEmbedder(nn.Module):
     def forward(self, t: Tensor) -> Tensor:
         # Scale by 1000 so the sinusoid resolves small differences near t=0 (clean frames).
         return self.mlp(sincos_1d(t * 1000.0, self.freq_dim))
+
+
+class FiLMBlock(nn.Module):
+    """Residual conv block whose normalised activations are scaled and shifted by a style vector
+    (the expression and mouth nets: ``x + conv(act(norm(x) * (1 + scale) + shift))``)."""
+
+    def __init__(self, ch: int, style_dim: int, dilation: int) -> None:
+        super().__init__()
+        self.norm1 = nn.GroupNorm(8, ch, affine=False)
+        self.film = nn.Linear(style_dim, 2 * ch)
+        self.conv1 = nn.Conv2d(ch, ch, 3, padding=dilation, dilation=dilation)
+        self.norm2 = nn.GroupNorm(8, ch)
+        self.conv2 = nn.Conv2d(ch, ch, 3, padding=1)
+        self.act = nn.SiLU()
+
+    def forward(self, x: Tensor, style: Tensor) -> Tensor:
+        scale, shift = self.film(style)[:, :, None, None].chunk(2, dim=1)
+        h = self.norm1(x) * (1.0 + scale) + shift
+        h = self.conv1(self.act(h))
+        h = self.conv2(self.act(self.norm2(h)))
+        return x + h
