@@ -146,6 +146,18 @@ def mouth_crop(character: Character, size: int) -> np.ndarray:
     return mouth_crop_box(*neutral_boxes(character, size))
 
 
+def _training_poses(
+    k: int, frames: int, size: int, seed: int, salt: int
+) -> tuple[Clip, np.random.Generator, FrameParams]:
+    """Training clip ``k`` of the stream ``seed + salt`` (parameters only, no audio
+    augmentation), a generator for further draws and ``frames`` of its frames' parameters."""
+    clip = make_clip("train", k, seed + salt, size=size, render=False, augment=False)
+    rng = np.random.default_rng([seed, k, salt])
+    n = min(frames, clip.num_frames)
+    take = np.sort(rng.choice(clip.num_frames, size=n, replace=False))
+    return clip, rng, FrameParams(clip.params.values[take].copy())
+
+
 def readout_renders(
     count: int, frames_per_clip: int, size: int, seed: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -161,12 +173,8 @@ def readout_renders(
     ``[mouth_open, smile]`` and the mouth crop ``(3,)``.
     """
     for k in range(count):
-        clip = make_clip("train", k, seed + 0x5E11E, size=size, render=False, augment=False)
-        rng = np.random.default_rng([seed, k, 0x5E11E])
-        n = min(frames_per_clip, clip.num_frames)
-        take = np.sort(rng.choice(clip.num_frames, size=n, replace=False))
-        params = FrameParams(clip.params.values[take].copy())
-        params["smile"] = rng.uniform(-1.0, 1.0, size=len(take)).astype(np.float32)
+        clip, rng, params = _training_poses(k, frames_per_clip, size, seed, 0x5E11E)
+        params["smile"] = rng.uniform(-1.0, 1.0, size=len(params)).astype(np.float32)
         frames = Renderer(clip.character, size).render(params).frames
         targets = np.stack([params["mouth_open"], params["smile"]], axis=1).astype(np.float32)
         yield frames, targets, mouth_crop(clip.character, size)
@@ -230,11 +238,8 @@ def mouth_pairs(
     keeps the right mouth, so a mouth that is already right stays as it is.
     """
     for k in range(count):
-        clip = make_clip("train", k, seed + 0x3007, size=size, render=False, augment=False)
-        rng = np.random.default_rng([seed, k, 0x3007])
-        n = min(frames_per_character, clip.num_frames)
-        take = np.sort(rng.choice(clip.num_frames, size=n, replace=False))
-        right = FrameParams(clip.params.values[take].copy())
+        clip, rng, right = _training_poses(k, frames_per_character, size, seed, 0x3007)
+        n = len(right)
         target = mouth_shape(right)  # (F, M)
         others = mouth_shape(clip.params)[rng.integers(clip.num_frames, size=n)]  # (F, M)
         others[rng.random(n) < 0.4] = 0.0  # closed

@@ -51,25 +51,3 @@ def test_session_reference_follows_the_prompt_and_returns_without_one(tiny_modul
     pipeline.run_phase("prompt", {"prompt": ""}, state)
     assert torch.equal(state.ref_latent_hr, state.ref_latent)
     session.close()
-
-
-def test_weights_trained_before_the_expression_net_still_load(tmp_path, caplog) -> None:
-    """A folder without expression files loads with the identity net and says so."""
-    import shutil
-
-    from pipeline.models.registry import INSTALLED_WEIGHTS, load_modules
-
-    for f in INSTALLED_WEIGHTS.iterdir():
-        if f.suffix in (".json", ".safetensors") and not f.name.startswith("expression."):
-            shutil.copy(f, tmp_path / f.name)
-    config = tiny_config(model={"weights": str(tmp_path), "untrained": False, "preset": "default"})
-    with caplog.at_level("WARNING", logger="talkloop.models"):
-        modules = load_modules(config)
-    assert "no expression weights" in caplog.text
-    z = torch.randn(1, 8, 32, 32)
-    with torch.no_grad():
-        assert torch.equal(modules["expression"].net(z, torch.randn(1, 384)), z)
-    # Half a pair is a broken folder, not an old one.
-    shutil.copy(INSTALLED_WEIGHTS / "expression.json", tmp_path / "expression.json")
-    with pytest.raises(Exception, match="expression"):
-        load_modules(config)

@@ -83,3 +83,33 @@ def test_mismatched_sub_configs_are_rejected() -> None:
         StudioConfig(vae={"latent_channels": 4})
     with pytest.raises(pydantic.ValidationError):
         StudioConfig(unknown={})
+
+
+@pytest.mark.parametrize(
+    ("name", "condition_dim", "says"),
+    [("expression", 384, "prompts will not change the face"), ("mouth", 128, "no explicit mouth")],
+)
+def test_weights_trained_before_an_optional_module_still_load(
+    name: str, condition_dim: int, says: str, tmp_path, caplog
+) -> None:
+    """A folder without the files of a module added later loads with that module as the identity
+    (sized from the folder's other networks) and says what is lost; half a pair is an error."""
+    import shutil
+
+    from pipeline.models.registry import INSTALLED_WEIGHTS, load_modules
+
+    from support import tiny_config
+
+    for f in INSTALLED_WEIGHTS.iterdir():
+        if f.suffix in (".json", ".safetensors") and not f.name.startswith(f"{name}."):
+            shutil.copy(f, tmp_path / f.name)
+    config = tiny_config(model={"weights": str(tmp_path), "untrained": False, "preset": "default"})
+    with caplog.at_level("WARNING", logger="talkloop.models"):
+        modules = load_modules(config)
+    assert f"no {name} weights" in caplog.text and says in caplog.text
+    z = torch.randn(2, 8, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(modules[name].net(z, torch.randn(2, condition_dim)), z)
+    shutil.copy(INSTALLED_WEIGHTS / f"{name}.json", tmp_path / f"{name}.json")
+    with pytest.raises(Exception, match=name):
+        load_modules(config)

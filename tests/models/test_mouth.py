@@ -68,25 +68,3 @@ def test_published_frames_go_through_the_mouth_stage_with_their_own_audio(
     session.render([torch.randn(16000 * 2).numpy() * 0.1])
     assert seen and all(a == b for a, b in seen)
     assert sum(a for a, _ in seen) == sink.all_frames().shape[0]
-
-
-def test_weights_trained_before_the_mouth_net_still_load(tmp_path, caplog) -> None:
-    """A folder without mouth files loads with the identity net (sized from the folder's audio
-    encoder) and says so; half a pair is an error."""
-    import shutil
-
-    from pipeline.models.registry import INSTALLED_WEIGHTS, load_modules
-
-    for f in INSTALLED_WEIGHTS.iterdir():
-        if f.suffix in (".json", ".safetensors") and not f.name.startswith("mouth."):
-            shutil.copy(f, tmp_path / f.name)
-    config = tiny_config(model={"weights": str(tmp_path), "untrained": False, "preset": "default"})
-    with caplog.at_level("WARNING", logger="talkloop.models"):
-        modules = load_modules(config)
-    assert "no mouth weights" in caplog.text
-    z = torch.randn(2, 8, 32, 32)
-    with torch.no_grad():
-        assert torch.equal(modules["mouth"].net(z, torch.randn(2, 128)), z)
-    (tmp_path / "mouth.json").write_text(modules["mouth"].config.model_dump_json())
-    with pytest.raises(Exception, match="mouth"):
-        load_modules(config)

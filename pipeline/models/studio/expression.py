@@ -17,7 +17,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from pipeline.models.studio.layers import FiLMBlock
+from pipeline.models.studio.layers import FiLMEditor
 
 
 class ExpressionConfig(BaseModel):
@@ -32,24 +32,14 @@ class ExpressionConfig(BaseModel):
     style_dim: int = Field(128, ge=8, le=4096)
 
 
-class ExpressionNet(nn.Module):
+class ExpressionNet(FiLMEditor):
     """``(reference latent, prompt embedding) -> edited reference latent`` of the same shape."""
 
     def __init__(self, cfg: ExpressionConfig) -> None:
-        super().__init__()
+        super().__init__(cfg.latent_channels, cfg.channels, cfg.blocks, cfg.style_dim)
         self.cfg = cfg
-        ch, sd = cfg.channels, cfg.style_dim
+        sd = cfg.style_dim
         self.style = nn.Sequential(nn.Linear(cfg.text_dim, sd), nn.SiLU(), nn.Linear(sd, sd))
-        self.conv_in = nn.Conv2d(cfg.latent_channels, ch, 3, padding=1)
-        # Dilations widen the view so a block sees the whole mouth and cheeks (32x32 latent).
-        self.blocks = nn.ModuleList(
-            [FiLMBlock(ch, sd, dilation=(1, 2, 4)[i % 3]) for i in range(cfg.blocks)]
-        )
-        self.norm_out = nn.GroupNorm(8, ch)
-        self.conv_out = nn.Conv2d(ch, cfg.latent_channels, 3, padding=1)
-        # Zero output: the untrained net leaves the reference as it is.
-        nn.init.zeros_(self.conv_out.weight)
-        nn.init.zeros_(self.conv_out.bias)
 
     def forward(self, z: Tensor, text: Tensor) -> Tensor:
         """Edit the reference.
@@ -65,8 +55,4 @@ class ExpressionNet(nn.Module):
             raise ValueError(f"z must be (B, {c.latent_channels}, H, W), got {tuple(z.shape)}")
         if text.shape != (z.shape[0], c.text_dim):
             raise ValueError(f"text must be ({z.shape[0]}, {c.text_dim}), got {tuple(text.shape)}")
-        style = self.style(text.to(z.dtype))
-        h = self.conv_in(z)
-        for blk in self.blocks:
-            h = blk(h, style)
-        return z + self.conv_out(nn.functional.silu(self.norm_out(h)))
+        return self.apply_style(z, self.style(text.to(z.dtype)))

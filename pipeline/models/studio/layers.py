@@ -154,3 +154,30 @@ class FiLMBlock(nn.Module):
         h = self.conv1(self.act(h))
         h = self.conv2(self.act(self.norm2(h)))
         return x + h
+
+
+class FiLMEditor(nn.Module):
+    """Base of the latent editors (expression, mouth): ``z + delta(z, style)``.
+
+    A conv in, FiLM residual blocks with dilations 1, 2, 4 (so a block sees a whole mouth and its
+    cheeks on a 32x32 latent), and a zero-initialised conv out: untrained, an editor is exactly
+    the identity. Subclasses add the network that turns their condition into ``style``.
+    """
+
+    def __init__(self, latent_channels: int, channels: int, blocks: int, style_dim: int) -> None:
+        super().__init__()
+        self.conv_in = nn.Conv2d(latent_channels, channels, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            [FiLMBlock(channels, style_dim, dilation=(1, 2, 4)[i % 3]) for i in range(blocks)]
+        )
+        self.norm_out = nn.GroupNorm(8, channels)
+        self.conv_out = nn.Conv2d(channels, latent_channels, 3, padding=1)
+        nn.init.zeros_(self.conv_out.weight)
+        nn.init.zeros_(self.conv_out.bias)
+
+    def apply_style(self, z: Tensor, style: Tensor) -> Tensor:
+        """(B, C, H, W) latents, (B, style_dim) styles -> (B, C, H, W) ``z + delta``."""
+        h = self.conv_in(z)
+        for blk in self.blocks:
+            h = blk(h, style)
+        return z + self.conv_out(F.silu(self.norm_out(h)))

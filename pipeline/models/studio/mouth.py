@@ -24,7 +24,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from pipeline.models.studio.layers import FiLMBlock
+from pipeline.models.studio.layers import FiLMEditor
 
 # The studio's per-frame parameters the mouth path predicts and conditions on (FRAME_FIELDS names).
 MOUTH_FIELDS = ("mouth_open", "mouth_width", "mouth_round", "teeth", "tongue", "jaw")
@@ -43,13 +43,13 @@ class MouthConfig(BaseModel):
     style_dim: int = Field(64, ge=8, le=4096)
 
 
-class MouthNet(nn.Module):
+class MouthNet(FiLMEditor):
     """``(high-res latents, per-frame audio features) -> latents with the speech's mouth``."""
 
     def __init__(self, cfg: MouthConfig) -> None:
-        super().__init__()
+        super().__init__(cfg.latent_channels, cfg.channels, cfg.blocks, cfg.style_dim)
         self.cfg = cfg
-        n, ch, sd = len(MOUTH_FIELDS), cfg.channels, cfg.style_dim
+        n, sd = len(MOUTH_FIELDS), cfg.style_dim
         self.head = nn.Sequential(
             nn.Linear(cfg.audio_dim, cfg.hidden),
             nn.GELU(),
@@ -58,15 +58,6 @@ class MouthNet(nn.Module):
             nn.Linear(cfg.hidden, n),
         )
         self.style = nn.Sequential(nn.Linear(n, sd), nn.SiLU(), nn.Linear(sd, sd))
-        self.conv_in = nn.Conv2d(cfg.latent_channels, ch, 3, padding=1)
-        self.blocks = nn.ModuleList(
-            [FiLMBlock(ch, sd, dilation=(1, 2, 4)[i % 3]) for i in range(cfg.blocks)]
-        )
-        self.norm_out = nn.GroupNorm(8, ch)
-        self.conv_out = nn.Conv2d(ch, cfg.latent_channels, 3, padding=1)
-        # Zero output: the untrained editor leaves the latents as they are.
-        nn.init.zeros_(self.conv_out.weight)
-        nn.init.zeros_(self.conv_out.bias)
 
     def shape_of(self, audio: Tensor) -> Tensor:
         """(T, audio_dim) audio features -> (T, len(MOUTH_FIELDS)) predicted mouth shape."""
@@ -90,11 +81,7 @@ class MouthNet(nn.Module):
             raise ValueError(
                 f"shape must be ({z.shape[0]}, {len(MOUTH_FIELDS)}), got {tuple(shape.shape)}"
             )
-        style = self.style(shape.to(z.dtype))
-        h = self.conv_in(z)
-        for blk in self.blocks:
-            h = blk(h, style)
-        return z + self.conv_out(nn.functional.silu(self.norm_out(h)))
+        return self.apply_style(z, self.style(shape.to(z.dtype)))
 
     def forward(self, z: Tensor, audio: Tensor) -> Tensor:
         """(T, C, H, W) latents, (T, audio_dim) features of the same frames -> edited latents."""
