@@ -50,10 +50,13 @@ def deep_modules(a2v_depth: int = 6, sr_depth: int = 4) -> dict[str, Module]:
     """Tiny widths, more blocks than ring slots (so offload has something to leave on the host)."""
     tiny = StudioConfig.tiny()
     family = StudioConfig(
-        vae=tiny.vae,
-        audio=tiny.audio,
-        a2v=A2VConfig(patch=2, dim=32, depth=a2v_depth, heads=2, audio_dim=16, max_frames=32),
-        sr=SRConfig(dim=32, depth=sr_depth, heads=2),
+        **{
+            **dict(tiny),
+            "a2v": A2VConfig(
+                patch=2, dim=32, depth=a2v_depth, heads=2, audio_dim=16, max_frames=32
+            ),
+            "sr": SRConfig(dim=32, depth=sr_depth, heads=2),
+        }
     )
     torch.manual_seed(0)
     nets = build_networks(family)
