@@ -101,8 +101,8 @@ class ScheduleConfig(_Strict):
 
 class SamplerConfig(_Strict):
     # 3 steps: since the mouth net sets the mouth, a fourth step changes nothing measurable (8
-    # held-out clips: lipsync_corr 0.748 at 3 N / 2 I steps, 0.746 at 4 / 4) and costs ~10 % of
-    # the frame time.
+    # held-out clips, first mouth net: lipsync_corr 0.748 at 3 N / 2 I steps, 0.746 at 4 / 4; the
+    # shipped one scores 0.751 at 3 / 3) and costs ~10 % of the frame time.
     steps: int = Field(3, ge=1, le=100, description="Euler steps of the A2V flow sampler")
     # With 2 steps the trained model's I frames were softer than the N frames around them, so the
     # change at their edges was larger (8 held-out clips, seam_ratio with / without I chunks:
