@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -25,18 +26,24 @@ STUDIO_MODULES = {
 
 INSTALLED_WEIGHTS = Path(__file__).parent / "studio" / "weights"
 INIT_SEED = 0  # random-weight runs are reproducible: the weights never depend on the noise seed
-# Modules a checkpoint folder may lack: folders trained before they existed still load, and the
-# module's untrained init is the identity (the expression net leaves the reference as it is, the
-# mouth net the latents). Each is sized from the folder's other configs: (its key, family field,
-# that field's key).
+
+
+class OptionalModule(NamedTuple):
+    """A module a checkpoint folder may lack (trained before it existed). The folder still loads
+    and the module's untrained init is the identity."""
+
+    sizes: tuple[tuple[str, str, str], ...]  # (its key, family field, that field's key)
+    loses: str  # what a folder without it loses, for the warning
+
+
 OPTIONAL_MODULES = {
-    "expression": (("latent_channels", "vae", "latent_channels"),),
-    "mouth": (("latent_channels", "vae", "latent_channels"), ("audio_dim", "audio", "dim")),
-}
-# What a folder without them loses, for the warning.
-_OPTIONAL_LOSS = {
-    "expression": "prompts will not change the face",
-    "mouth": "no explicit mouth path",
+    "expression": OptionalModule(
+        (("latent_channels", "vae", "latent_channels"),), "prompts will not change the face"
+    ),
+    "mouth": OptionalModule(
+        (("latent_channels", "vae", "latent_channels"), ("audio_dim", "audio", "dim")),
+        "no explicit mouth path",
+    ),
 }
 log = logging.getLogger("talkloop.models")
 
@@ -77,7 +84,7 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
                 "identity, so %s",
                 folder,
                 name,
-                _OPTIONAL_LOSS[name],
+                OPTIONAL_MODULES[name].loses,
             )
         elif folder is not None and module.state_dict():
             module.load(folder)
@@ -109,7 +116,7 @@ def _family_from_folder(folder: Path):
             # Untrained (see OPTIONAL_MODULES), sized to the folder's other networks.
             parts[field] = {
                 key: parts[src][src_key]
-                for key, src, src_key in OPTIONAL_MODULES[name]
+                for key, src, src_key in OPTIONAL_MODULES[name].sizes
                 if src_key in parts.get(src, {})
             }
             continue
