@@ -21,6 +21,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="generated clips per studio character (default 4: each face shows several styles)",
     )
     t.add_argument("--steps-vae", type=int, help="VAE steps (recipe default otherwise)")
+    t.add_argument(
+        "--steps-decoder", type=int, help="VAE decoder steps on the frozen encoder's latents"
+    )
     t.add_argument("--steps-a2v", type=int, help="audio encoder + A2V steps")
     t.add_argument("--steps-sr", type=int, help="SR steps")
     t.add_argument("--steps-readout", type=int, help="readout (eval) steps")

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PHASES = ("vae", "a2v", "sr", "readout", "expression", "mouth")
+PHASES = ("vae", "decoder", "a2v", "sr", "readout", "expression", "mouth")
 
 
 class PhaseConfig(BaseModel):
@@ -47,6 +47,9 @@ class TrainConfig(BaseModel):
         "the prompt tells which one a clip has (one clip per face lets the face stand for it)",
     )
     vae: PhaseConfig = PhaseConfig(steps=8000, batch=8, lr=4e-4)
+    # The decoder alone, on the latents the VAE phase fixed (its encoder frozen), so it sharpens
+    # without moving the latent space every later network learns in.
+    decoder: PhaseConfig = PhaseConfig(steps=2000, batch=8, lr=2e-4)
     a2v: PhaseConfig = PhaseConfig(steps=8000, batch=192, lr=3e-4, warmup=300)
     sr: PhaseConfig = PhaseConfig(steps=4000, batch=24, lr=4e-4)
     readout: PhaseConfig = PhaseConfig(steps=1500, batch=64, lr=1e-3, warmup=50)
@@ -92,6 +95,7 @@ class TrainConfig(BaseModel):
                 size=64,
                 clips=4,
                 vae=PhaseConfig(steps=30, batch=2, lr=2e-3, warmup=0),
+                decoder=PhaseConfig(steps=10, batch=2, lr=2e-3, warmup=0),
                 a2v=PhaseConfig(steps=30, batch=24, lr=2e-3, warmup=0),
                 sr=PhaseConfig(steps=30, batch=8, lr=2e-3, warmup=0),
                 readout=PhaseConfig(steps=30, batch=16, lr=3e-3, warmup=0),

@@ -52,7 +52,8 @@ CHECKPOINT = "checkpoint.pt"
 LATENT_CACHE = "latents.safetensors"
 # Share of a --minutes budget per phase (A2V carries the content, so it gets the most).
 BUDGET_SHARE = {
-    "vae": 0.28,
+    "vae": 0.22,
+    "decoder": 0.06,
     "a2v": 0.46,
     "sr": 0.12,
     "readout": 0.06,
@@ -281,7 +282,10 @@ class Trainer:
         w = [weights[i, :, y : y + crop, x : x + crop] for i, (x, y) in enumerate(corners)]
         return torch.stack(f), torch.stack(w)
 
-    def _vae_step(self, bank: PixelBank) -> tuple[Tensor, dict[str, float]]:
+    def _vae_step(
+        self, bank: PixelBank, train_encoder: bool = True
+    ) -> tuple[Tensor, dict[str, float]]:
+        """One VAE step; ``train_encoder=False`` (the decoder phase) keeps the latents fixed."""
         cfg, vae, g = self.cfg, self.nets["vae"], self.gen
         k = vae.cfg.cache_frames
         b = cfg.vae.batch
@@ -296,7 +300,8 @@ class Trainer:
             # (halves the cost; the encoder still learns from every decoded frame).
             with torch.no_grad():
                 hist = vae.encode_dist(x[:, :k].reshape(b * k, *x.shape[2:]))[0]
-            mean, logvar = vae.encode_dist(target)  # (B*n, C, h, w) float32
+            with torch.set_grad_enabled(train_encoder):
+                mean, logvar = vae.encode_dist(target)  # (B*n, C, h, w) float32
         z = mean + torch.exp(0.5 * logvar) * torch.randn(mean.shape, generator=g)
         z = torch.cat([hist.reshape(b, k, *hist.shape[1:]), z.reshape(b, n, *z.shape[1:])], 1)
         # Some windows start a stream: the decoder's history is the first frame repeated.
@@ -597,6 +602,10 @@ class Trainer:
         if name == "vae":
             vae = self.nets["vae"].train().to(memory_format=torch.channels_last)
             return list(vae.parameters()), lambda: self._vae_step(self.bank)
+        if name == "decoder":
+            vae = self.nets["vae"].train().to(memory_format=torch.channels_last)
+            params = list(vae.decoder.parameters())
+            return params, lambda: self._vae_step(self.bank, train_encoder=False)
         if name == "a2v":
             text, has_text = self._text_embeddings(self.arrays)
             a2v, enc = self.nets["a2v"].train(), self.nets["audio_encoder"].train()

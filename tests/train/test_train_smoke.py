@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from pipeline.core.errors import ConfigError
 from pipeline.studio.dataset import make_clip, write_clip
-from pipeline.train.config import TrainConfig
+from pipeline.train.config import PHASES, TrainConfig
 from pipeline.train.trainer import Trainer, train
 
 from support import CollectSink, tiny_config
@@ -44,7 +44,7 @@ def test_every_phase_overfits_a_fixed_batch(clips: Path, tmp_path: Path) -> None
     trainer.prepare_pixels()
     curves = {"vae": trainer.overfit("vae", 30)}
     trainer.prepare_latents()
-    for phase in ("a2v", "sr", "readout", "expression", "mouth"):
+    for phase in PHASES[1:]:
         curves[phase] = trainer.overfit(phase, 30)
     for phase, losses in curves.items():
         assert all(np.isfinite(losses)), phase
@@ -52,8 +52,28 @@ def test_every_phase_overfits_a_fixed_batch(clips: Path, tmp_path: Path) -> None
         assert np.mean(losses[-5:]) < 0.8 * losses[0], (phase, losses[0], losses[-5:])
 
 
+def test_decoder_phase_trains_the_decoder_and_leaves_the_latents_alone(
+    clips: Path, tmp_path: Path
+) -> None:
+    """The decoder phase may run on any finished weights: the encoder (so every latent the other
+    networks learned on) must come out bit for bit the same, the decoder must change."""
+    trainer = Trainer(_recipe(decoder=6), tmp_path, data=clips, progress=False)
+    trainer.prepare_pixels()
+    trainer.prepare_latents()
+    vae = trainer.nets["vae"]
+    before = {k: v.clone() for k, v in vae.state_dict().items()}
+    trainer.run_phase("decoder", *trainer._phase("decoder"))
+    after = vae.state_dict()
+    for key, value in before.items():
+        if key.startswith("encoder."):
+            assert torch.equal(after[key], value), key
+    moved = [k for k in before if k.startswith("decoder.") and not torch.equal(after[k], before[k])]
+    assert moved, "the decoder phase changed no decoder weight"
+    assert all(p.grad is None for p in vae.encoder.parameters())
+
+
 def test_resume_continues_the_same_run(clips: Path, tmp_path: Path) -> None:
-    steps = {"vae": 12, "a2v": 8, "sr": 0, "readout": 0, "expression": 0, "mouth": 0}
+    steps = {"vae": 12, "decoder": 3, "a2v": 8, "sr": 0, "readout": 0, "expression": 0, "mouth": 0}
     cfg = _recipe(**steps).model_copy(update={"checkpoint_every": 4})
     whole = train(cfg, tmp_path / "whole", data=clips, progress=False)
 
@@ -67,7 +87,7 @@ def test_resume_continues_the_same_run(clips: Path, tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         broken.run()
     resumed = Trainer(cfg, tmp_path / "broken", data=clips, resume=True, progress=False)
-    assert resumed.done == ["vae"] and resumed.resume_state is not None
+    assert resumed.done == ["vae", "decoder"] and resumed.resume_state is not None
     assert resumed.resume_state["step"] == 4
     resumed.run()
     for name in ("vae", "a2v", "audio_encoder"):
@@ -81,12 +101,12 @@ def test_resume_continues_the_same_run(clips: Path, tmp_path: Path) -> None:
 
 def test_saved_weights_load_and_render(clips: Path, tmp_path: Path) -> None:
     out = train(
-        _recipe(vae=10, a2v=10, sr=10, readout=10, expression=10, mouth=10),
+        _recipe(vae=10, decoder=10, a2v=10, sr=10, readout=10, expression=10, mouth=10),
         tmp_path / "w",
         data=clips,
         progress=False,
     )
-    phases = ["vae", "a2v", "sr", "readout", "expression", "mouth"]
+    phases = list(PHASES)
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["phases_done"] == phases
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
