@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from pipeline.train.config import PHASES
 from pipeline.train.evaluate import FIELDS
 
 pytestmark = pytest.mark.unit  # ~5 s on an idle 2-core machine
@@ -39,6 +40,16 @@ def test_train_rejects_a_bad_character_share(tmp_path: Path, capsys: pytest.Capt
     args = ["train", "--out", str(tmp_path), "--preset", "tiny", "--clips-per-character", "0"]
     assert main(args) == 2
     assert "--clips-per-character must be >= 1" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_train_has_a_steps_flag_per_phase_that_rejects_negatives(
+    phase: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    flag = f"--steps-{phase}"
+    assert main(["train", "--out", str(tmp_path), "--preset", "tiny", flag, "-1"]) == 2
+    assert f"{flag} must be >= 0" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written
 
 
