@@ -79,7 +79,7 @@ def default_phases(config: TalkloopConfig) -> dict[str, Phase]:
         "publish": Phase(
             "publish",
             frozenset({"segment_latents", "segment_audio"}),
-            [SRStage(), MouthStage(), DecodeStage()],
+            [SRStage(), MouthStage(), DecodeStage(config.schedule.n_len)],
         ),
     }
 

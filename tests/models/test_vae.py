@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pydantic
 import pytest
 import torch
 
+from pipeline.core.pipeline import Pipeline
 from pipeline.models.studio.vae import StudioVAE, VAEConfig
+from pipeline.stages.decode import micro_batch
+
+from support import CollectSink, make_reference, tiny_config
 
 pytestmark = pytest.mark.unit
 
@@ -95,3 +100,36 @@ def test_latent_scale_round_trip(tiny) -> None:
 def test_config_rejects_bad_values(bad) -> None:
     with pytest.raises(pydantic.ValidationError):
         VAEConfig(**bad)
+
+
+@pytest.mark.parametrize(
+    ("chunk", "preferred", "expected"),
+    [(24, 3, 3), (5, 3, 5), (6, 3, 3), (7, 3, 1), (8, 3, 4), (1, 3, 1), (5, 1, 1)],
+)
+def test_micro_batch_is_the_divisor_of_the_chunk_nearest_the_preferred_size(
+    chunk: int, preferred: int, expected: int
+) -> None:
+    assert micro_batch(chunk, preferred) == expected
+
+
+def test_live_chunks_decode_without_padding_frames(tiny_modules, monkeypatch) -> None:
+    """5-frame chunks with a preferred micro-batch of 3: every decoder call takes 5 frames, and
+    only the first chunk (2 frames) and the last one are padded."""
+    vae = tiny_modules["vae"].net
+    monkeypatch.setattr(vae, "cfg", vae.cfg.model_copy(update={"decode_batch": 3}))
+    calls: list[int] = []
+    forward = vae.decoder.forward
+
+    def spy(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return forward(x)
+
+    monkeypatch.setattr(vae.decoder, "forward", spy)
+    config = tiny_config(schedule={"first_len": 2, "n_len": 5, "i_len": 2, "ctx_len": 2})
+    sink = CollectSink()
+    session = Pipeline(config, tiny_modules).open_session(make_reference(), "", [sink])
+    session.render([np.zeros(16000 * 2, np.float32)])  # 50 frames: 2 + 9 x 5 + 3
+    published = sink.all_frames().shape[0]
+    assert published == 50
+    assert set(calls) == {5}
+    assert sum(calls) == published + 3 + 2  # first chunk 2 -> 5, last chunk 3 -> 5

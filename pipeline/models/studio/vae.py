@@ -31,13 +31,13 @@ class VAEConfig(BaseModel):
     dec_latent_blocks: int = Field(2, ge=0, le=16, description="decoder residual blocks at H/8")
     dec_blocks: int = Field(1, ge=0, le=16, description="decoder residual blocks at H/4")
     cache_frames: int = Field(2, ge=0, le=16, description="past latent frames the decoder sees")
-    # 3 divides the live (6) and offline (24) segment lengths, so padding wastes nothing there
-    # (measured: batch 5 decoded 10 frames for every 6-frame live segment, 40% of decode time).
+    # The preferred micro-batch; the decode stage uses the divisor of the schedule's chunk length
+    # nearest to it (stages.decode.micro_batch), so whole chunks decode without padding frames.
     decode_batch: int = Field(
         3,
         ge=1,
         le=256,
-        description="frames per decoder call (padded, so every call has the same batch size)",
+        description="preferred frames per decoder call (calls are padded to one fixed size)",
     )
     latent_scale: float = Field(
         1.0, gt=0.0, description="encode returns mean * scale; decode divides by it"
@@ -144,13 +144,16 @@ class StudioVAE(nn.Module):
         """Stream-start cache: the first latent frame repeated (no false black history)."""
         return z[:1].expand(self.cfg.cache_frames, -1, -1, -1).clone()  # (K, C, h, w)
 
-    def decode(self, z: Tensor, cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def decode(
+        self, z: Tensor, cache: Tensor | None = None, batch: int | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Decode latent frames causally.
 
         Args:
             z: (T, C, h, w) scaled latents in display order, T >= 1.
             cache: (K, C, h, w) returned by the previous call of this stream, or None at stream
                 start (then the first frame stands in for the missing history).
+            batch: frames per decoder call (default ``decode_batch``); keep it fixed for a stream.
         Returns:
             ``(frames, cache)``: frames (T, 3, 8h, 8w) float32 in [-1, 1]; cache (K, C, h, w),
             the last ``K = cache_frames`` latents seen (fixed size, float32).
@@ -166,7 +169,7 @@ class StudioVAE(nn.Module):
         x = (x / self.cfg.latent_scale).contiguous(memory_format=torch.channels_last)
         # oneDNN may pick different kernels for different batch sizes, so a frame's pixels could
         # depend on how the stream was split. Fixed micro-batches (padded) keep them identical.
-        mb = self.cfg.decode_batch
+        mb = batch or self.cfg.decode_batch
         outs = []
         for s in range(0, t, mb):
             xb = x[s : s + mb]
