@@ -282,13 +282,13 @@ class Trainer:
         w = [weights[i, :, y : y + crop, x : x + crop] for i, (x, y) in enumerate(corners)]
         return torch.stack(f), torch.stack(w)
 
-    def _vae_step(
-        self, bank: PixelBank, train_encoder: bool = True
-    ) -> tuple[Tensor, dict[str, float]]:
-        """One VAE step; ``train_encoder=False`` (the decoder phase) keeps the latents fixed."""
+    def _vae_step(self, bank: PixelBank, phase: str = "vae") -> tuple[Tensor, dict[str, float]]:
+        """One step of the ``vae`` phase, or of the ``decoder`` phase, which trains the decoder
+        alone (no gradient through the encoder, so the latents stay fixed); each its own batch."""
         cfg, vae, g = self.cfg, self.nets["vae"], self.gen
         k = vae.cfg.cache_frames
-        b = cfg.vae.batch
+        b = getattr(cfg, phase).batch
+        train_encoder = phase == "vae"
         idx = torch.randint(bank.frames.shape[0], (b,), generator=g)
         win, wts = self._vae_crops(bank, idx)  # (B, W, H, Wd, 3), (B, W, H, Wd)
         nw = win.shape[1]
@@ -599,13 +599,10 @@ class Trainer:
 
     def _phase(self, name: str) -> tuple[list[nn.Parameter], Callable[[], tuple[Tensor, dict]]]:
         """Parameters and step function of a phase (data must be prepared for it)."""
-        if name == "vae":
+        if name in ("vae", "decoder"):
             vae = self.nets["vae"].train().to(memory_format=torch.channels_last)
-            return list(vae.parameters()), lambda: self._vae_step(self.bank)
-        if name == "decoder":
-            vae = self.nets["vae"].train().to(memory_format=torch.channels_last)
-            params = list(vae.decoder.parameters())
-            return params, lambda: self._vae_step(self.bank, train_encoder=False)
+            params = list((vae if name == "vae" else vae.decoder).parameters())
+            return params, lambda: self._vae_step(self.bank, name)
         if name == "a2v":
             text, has_text = self._text_embeddings(self.arrays)
             a2v, enc = self.nets["a2v"].train(), self.nets["audio_encoder"].train()

@@ -56,13 +56,26 @@ def test_decoder_phase_trains_the_decoder_and_leaves_the_latents_alone(
     clips: Path, tmp_path: Path
 ) -> None:
     """The decoder phase may run on any finished weights: the encoder (so every latent the other
-    networks learned on) must come out bit for bit the same, the decoder must change."""
-    trainer = Trainer(_recipe(decoder=6), tmp_path, data=clips, progress=False)
+    networks learned on) must come out bit for bit the same, the decoder must change, and the
+    phase's own batch size is the one used."""
+    cfg = _recipe(decoder=6)
+    cfg = cfg.model_copy(update={"decoder": cfg.decoder.model_copy(update={"batch": 3})})
+    assert cfg.vae.batch != 3
+    trainer = Trainer(cfg, tmp_path, data=clips, progress=False)
     trainer.prepare_pixels()
     trainer.prepare_latents()
     vae = trainer.nets["vae"]
     before = {k: v.clone() for k, v in vae.state_dict().items()}
+    calls: list[int] = []
+    forward = vae.decoder.forward
+
+    def spy(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return forward(x)
+
+    vae.decoder.forward = spy
     trainer.run_phase("decoder", *trainer._phase("decoder"))
+    assert calls == [3 * cfg.vae_decode_frames] * 6
     after = vae.state_dict()
     for key, value in before.items():
         if key.startswith("encoder."):

@@ -169,7 +169,7 @@ class StudioVAE(nn.Module):
         x = (x / self.cfg.latent_scale).contiguous(memory_format=torch.channels_last)
         # oneDNN may pick different kernels for different batch sizes, so a frame's pixels could
         # depend on how the stream was split. Fixed micro-batches (padded) keep them identical.
-        mb = batch or self.cfg.decode_batch
+        mb = self.cfg.decode_batch if batch is None else batch
         outs = []
         for s in range(0, t, mb):
             xb = x[s : s + mb]
