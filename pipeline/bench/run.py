@@ -62,6 +62,29 @@ def parse_durations(text: str) -> list[float]:
     return values
 
 
+def machine_info(compute_dtype: str) -> dict:
+    """Where the figures were measured: the CPUs this process may use (its affinity mask, as under
+    ``taskset``, not the host's count), the CPU model and whether it has bf16 in hardware."""
+    from pipeline.core.config import native_bf16
+
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpus": len(os.sched_getaffinity(0)),
+        "host_cpus": os.cpu_count(),
+        "cpu_model": model or "unknown",
+        "cpu_native_bf16": native_bf16("cpu"),
+        "platform": platform.platform(),
+        "compute_dtype": compute_dtype,  # what --dtype auto chose here
+    }
+
+
 def run_worker(spec: dict, module: str = "pipeline.bench.worker", netns: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
@@ -94,10 +117,11 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     cfg = config.model_dump(mode="json")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    machine = machine_info(config.model.compute_dtype)
     print(
         f"talkloop bench: preset={config.model.preset} {config.video.width}x{config.video.height} "
         f"@{config.video.fps} fps, steps={config.sampler.steps}, dtype={config.model.compute_dtype}, "
-        f"threads={os.cpu_count()}",
+        f"cpus={machine['cpus']} ({machine['cpu_model']})",
         flush=True,
     )
     ttff = run_worker({"config": cfg, "mode": "ttff", "seconds": 0, "repeats": args.ttff_runs})[
@@ -112,12 +136,7 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     ttff_sorted = sorted(ttff)
     result = {
         "config": cfg,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "compute_dtype": config.model.compute_dtype,  # what --dtype auto chose here
-        },
+        "machine": machine,
         "ttff_ms": ttff_sorted[len(ttff_sorted) // 2],
         "ttff_ms_runs": ttff,
         "runs": runs,
@@ -199,6 +218,13 @@ def print_table(result: dict) -> None:
             f"{r['mode']:6s} {r['seconds']:8g} {r['frames']:7d} {r['rtf']:6.3f} {r['fps']:7.1f} "
             f"{r['peak_rss_mb']:12.0f} {_fmt(r['mem_slope_mb_per_min']):>21s}"
         )
+    for r in result["runs"]:
+        if r["mode"] == "ours" and r.get("stage_rtf"):
+            top = sorted(r["stage_rtf"].items(), key=lambda kv: -kv[1])[:6]
+            print(
+                f"where the time goes ({r['seconds']:g} s, seconds per second of video): "
+                + ", ".join(f"{k} {v:.3f}" for k, v in top)
+            )
 
 
 def _fmt(value: float | None, unit: str = "") -> str:

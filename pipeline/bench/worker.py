@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pipeline.assets import HELLO_WAV
 from pipeline.audio.io import load_audio
@@ -163,6 +164,7 @@ def run(spec: dict) -> dict:
         session.render(looped_speech(rate, seconds))
         wall = time.perf_counter() - t0
         frames = session.stats.frames
+        stage_seconds = dict(session.stats.stage_seconds)
     media = frames / config.video.fps
     return {
         "mode": mode,
@@ -172,6 +174,10 @@ def run(spec: dict) -> dict:
         "rtf": wall / media,
         "fps": frames / wall,
         "peak_rss_mb": peak_rss_mb(),
+        "torch_threads": torch.get_num_threads(),
+        # Where the time goes: seconds of each "phase/stage" per second of video (their sum is
+        # at most rtf). On CUDA a stage's figure is its launches plus any wait it causes.
+        "stage_rtf": {k: v / media for k, v in sorted(stage_seconds.items())},
         "mem_slope_mb_per_min": finite_or_none(slope_per_min(probe.samples)),
         "samples": probe.samples,
     }

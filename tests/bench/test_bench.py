@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from pipeline.bench.run import machine_info
 from pipeline.bench.worker import slope_per_min
 from pipeline.cli import main
 
@@ -34,16 +36,36 @@ def test_bench_tiny_writes_json_and_plot(tmp_path: Path, capsys) -> None:
     )
     assert code == 0
     table = capsys.readouterr().out
-    assert "ttff_ms" in table and "mem_slope_mb_per_min" in table
+    assert "ttff_ms" in table and "mem_slope_mb_per_min" in table and "where the time goes" in table
     result = json.loads((out / "bench.json").read_text())
     assert result["ttff_ms"] > 0
+    assert result["machine"]["cpus"] == len(os.sched_getaffinity(0))
     modes = {r["mode"]: r for r in result["runs"]}
     assert set(modes) == {"ours", "naive"}
     for r in modes.values():
+        assert r["torch_threads"] >= 1
+        stages = r["stage_rtf"]
+        assert "publish/decode" in stages and "n_chunk/a2v" in stages, stages
+        assert all(v >= 0 for v in stages.values()) and sum(stages.values()) <= r["rtf"] * 1.001
         assert r["frames"] == 50 and r["rtf"] > 0 and r["fps"] > 0 and r["peak_rss_mb"] > 50
         assert r["mem_slope_mb_per_min"] is None  # 2 s is too short for a slope
     png = (out / "memory.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.unit
+def test_machine_info_counts_the_cpus_this_process_may_use() -> None:
+    """Under ``taskset`` the figures come from fewer CPUs than the host has: say so."""
+    allowed = os.sched_getaffinity(0)
+    one = min(allowed)
+    try:
+        os.sched_setaffinity(0, {one})
+        info = machine_info("float32")
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert info["cpus"] == 1 and info["host_cpus"] == os.cpu_count()
+    assert info["cpu_model"] and info["compute_dtype"] == "float32"
+    assert isinstance(info["cpu_native_bf16"], bool)
 
 
 @pytest.mark.unit
