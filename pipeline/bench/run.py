@@ -75,8 +75,9 @@ def machine_info(compute_dtype: str) -> dict:
                 break
     except OSError:
         pass
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every CPU counts
     return {
-        "cpus": len(os.sched_getaffinity(0)),
+        "cpus": len(affinity(0)) if affinity else os.cpu_count(),
         "host_cpus": os.cpu_count(),
         "cpu_model": model or "unknown",
         "cpu_native_bf16": native_bf16("cpu"),
