@@ -65,21 +65,13 @@ def parse_durations(text: str) -> list[float]:
 def machine_info(compute_dtype: str) -> dict:
     """Where the figures were measured: the CPUs this process may use (its affinity mask, as under
     ``taskset``, not the host's count), the CPU model and whether it has bf16 in hardware."""
-    from pipeline.core.config import native_bf16
+    from pipeline.core.config import cpu_info, native_bf16
 
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every CPU counts
     return {
         "cpus": len(affinity(0)) if affinity else os.cpu_count(),
         "host_cpus": os.cpu_count(),
-        "cpu_model": model or "unknown",
+        "cpu_model": cpu_info().get("model name") or platform.processor() or "unknown",
         "cpu_native_bf16": native_bf16("cpu"),
         "platform": platform.platform(),
         "compute_dtype": compute_dtype,  # what --dtype auto chose here
@@ -220,7 +212,7 @@ def print_table(result: dict) -> None:
             f"{r['peak_rss_mb']:12.0f} {_fmt(r['mem_slope_mb_per_min']):>21s}"
         )
     for r in result["runs"]:
-        if r["mode"] == "ours" and r.get("stage_rtf"):
+        if r["mode"] == "ours":
             top = sorted(r["stage_rtf"].items(), key=lambda kv: -kv[1])[:6]
             print(
                 f"where the time goes ({r['seconds']:g} s, seconds per second of video): "

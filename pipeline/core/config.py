@@ -20,16 +20,24 @@ MIN_SIZE, MAX_SIZE = 64, 1024
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
-    """The instruction-set flags of this machine's CPU (``/proc/cpuinfo``; empty elsewhere)."""
+def cpu_info() -> dict[str, str]:
+    """This machine's first CPU as ``/proc/cpuinfo`` describes it, field -> value (empty elsewhere)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
+        return {}
+    info: dict[str, str] = {}
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+        if not line.strip():
+            break  # the first processor's block ends here
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    return info
+
+
+def _cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this machine's CPU (``/proc/cpuinfo``; empty elsewhere)."""
+    return frozenset(cpu_info().get("flags", "").split())
 
 
 def native_bf16(device: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pipeline.core.stage import Stage, StageContext
@@ -13,6 +15,7 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return x.permute(0, 2, 3, 1).contiguous()
 
 
+@functools.cache  # called per chunk with the same two numbers for a whole session
 def micro_batch(chunk_frames: int, preferred: int) -> int:
     """The divisor of ``chunk_frames`` nearest ``preferred`` (the larger one on a tie).
 

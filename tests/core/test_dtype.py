@@ -54,6 +54,10 @@ def test_cpu_flags_are_read_from_proc_cpuinfo() -> None:
         pytest.skip("no /proc/cpuinfo on this system")
     if any(line.startswith("flags") for line in text.splitlines()):  # x86 (arm: "Features")
         assert "fpu" in flags  # every x86 CPU lists it
+    first = text.split("\n\n")[0]
+    model = next((ln for ln in first.splitlines() if ln.startswith("model name")), None)
+    if model is not None:  # the bench quotes the model of the first processor
+        assert config_mod.cpu_info()["model name"] == model.partition(":")[2].strip()
 
 
 def test_training_autocast_follows_the_same_rule(cpu_flags, tmp_path) -> None:
