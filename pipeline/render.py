@@ -17,11 +17,11 @@ from pipeline.core.config import TalkloopConfig
 from pipeline.core.errors import InputError
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from pipeline.models.registry import load_reference
 from pipeline.offload.distributed import is_publisher
 from pipeline.outputs.background import BackgroundSink
 from pipeline.outputs.mp4 import Mp4Sink
 from pipeline.outputs.sink import Sink
-from pipeline.reference import load_reference
 
 AUDIO_BLOCK_SECONDS = 1.0
 
@@ -111,15 +111,7 @@ def render_file(
     """
     out = check_output_path(out_path)
     v = config.video
-    if reference is None:
-        from pipeline.models.registry import default_reference
-
-        reference = default_reference()
-    image = (
-        reference
-        if isinstance(reference, np.ndarray)
-        else load_reference(reference, v.width, v.height)
-    )
+    image = load_reference(config, reference)  # None: the family's default avatar
     samples = load_audio(audio_path, config.audio.sample_rate)
     if pipeline is None:
         pipeline = Pipeline.from_config(config)

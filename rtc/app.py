@@ -12,8 +12,7 @@ import numpy as np
 from pipeline.core.config import TalkloopConfig
 from pipeline.core.errors import ConfigError
 from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import default_reference, installed_weights
-from pipeline.reference import load_reference
+from pipeline.models.registry import installed_weights, load_reference
 from rtc.live import LiveConfig
 from rtc.server import AvatarServer
 
@@ -48,8 +47,8 @@ def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
 
 
 def load_avatar(path: str | Path | None, config: TalkloopConfig) -> np.ndarray:
-    ref = default_reference() if path is None else path
-    return load_reference(ref, config.video.width, config.video.height)
+    """The avatar image of every call: ``path``, or the family's default avatar."""
+    return load_reference(config, path)
 
 
 async def serve_forever(
@@ -93,9 +92,11 @@ async def serve_forever(
         print("talkloop: stopped", flush=True)
 
 
-def resolve_weights(untrained: bool, weights: Path | None) -> tuple[bool, str]:
+def resolve_weights(
+    untrained: bool, weights: Path | None, family: str = "studio"
+) -> tuple[bool, str]:
     """The server always starts: without trained weights it runs untrained and says so."""
-    if untrained or weights is not None or installed_weights() is not None:
+    if untrained or weights is not None or installed_weights(family) is not None:
         return untrained, NO_WEIGHTS_NOTICE if untrained else ""
     logging.getLogger("talkloop").warning("no trained weights installed: running untrained")
     return True, NO_WEIGHTS_NOTICE

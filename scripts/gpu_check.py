@@ -69,7 +69,7 @@ def run(placement: str, seconds: float) -> dict:
     from pipeline.offload.device import make_ops
 
     cuda = make_ops("cuda")
-    ref = bench_reference(1280, 720)
+    ref = bench_reference(config)
     # Warm-up chunk (cuBLAS handles, allocator growth, first copies): reported apart.
     warm = pipeline.open_session(ref)
     t0 = time.perf_counter()

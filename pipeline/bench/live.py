@@ -34,7 +34,7 @@ async def measure(spec: dict) -> dict:
     config = TalkloopConfig.model_validate(spec["config"])
     pipeline = await asyncio.to_thread(Pipeline.from_config, config)
     live = LiveConfig(**{**spec.get("live", {}), "stamp_frames": True})
-    reference = bench_reference(config.video.width, config.video.height)
+    reference = bench_reference(config)
     server = AvatarServer(pipeline, reference, "", live, 1, "")
     port = await server.start(spec["host"], 0)
     seconds = float(spec["seconds"])

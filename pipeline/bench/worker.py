@@ -39,13 +39,17 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
 
 
-def bench_reference(width: int, height: int) -> np.ndarray:
-    """A deterministic test card (the bench measures speed and memory, not looks)."""
-    from pipeline.models.registry import DEFAULT_REFERENCE
-    from pipeline.reference import load_reference
+def bench_reference(config: TalkloopConfig) -> np.ndarray:
+    """The family's default avatar, else a deterministic test card (the bench measures speed and
+    memory, not looks)."""
+    from pipeline.core.errors import InputError
+    from pipeline.models.registry import load_reference
 
-    if DEFAULT_REFERENCE.is_file():
-        return load_reference(DEFAULT_REFERENCE, width, height)
+    try:
+        return load_reference(config, None)
+    except InputError:  # no default avatar installed
+        pass
+    width, height = config.video.width, config.video.height
     y, x = np.mgrid[0:height, 0:width]
     img = np.stack([x * 255 // width, y * 255 // height, (x + y) * 127 // (width + height)], -1)
     r2 = (x - width / 2) ** 2 + (y - height / 2.2) ** 2
@@ -144,7 +148,7 @@ def run(spec: dict) -> dict:
     from pipeline.models.registry import load_modules
 
     pipeline = Pipeline(config, load_modules(config), phases)
-    reference = bench_reference(config.video.width, config.video.height)
+    reference = bench_reference(config)
     rate = config.audio.sample_rate
     if mode == "ttff":
         return {

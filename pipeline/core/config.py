@@ -124,7 +124,10 @@ Placement = Literal["resident", "offloaded", "sharded"]
 
 # Modules with transformer blocks (a ``.blocks`` ModuleList), per family: only these can be
 # offloaded per block or sharded per block (load_modules checks the built networks again).
-BLOCK_MODULES = {"studio": ("a2v", "sr")}
+BLOCK_MODULES = {"studio": ("a2v", "sr"), "portrait": ("a2v",)}
+# Model families: folders under pipeline/models/ (pipeline/models/registry.py).
+FAMILIES = ("studio", "portrait")
+Family = Literal["studio", "portrait"]
 
 
 class PlacementConfig(_Strict):
@@ -143,7 +146,11 @@ class PlacementConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    family: Literal["studio"] = "studio"
+    family: Family = Field(
+        "studio",
+        description="studio: the synthetic characters' latent model; portrait: a real person "
+        "from one photo, animated by warping it",
+    )
     preset: Literal["default", "tiny", "large"] = Field("default", description="network sizes")
     weights: Path | None = Field(
         None, description="checkpoint folder; None = the weights installed with the package"

@@ -51,37 +51,10 @@ class Phase:
 
 
 def default_phases(config: TalkloopConfig) -> dict[str, Phase]:
-    from pipeline.stages.a2v import A2VStage
-    from pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
-    from pipeline.stages.decode import DecodeStage
-    from pipeline.stages.init import ExpressionStage, PromptStage, ReferenceStage
-    from pipeline.stages.mouth import MouthStage
-    from pipeline.stages.sr import SRStage
+    """The stages of the configured model family (``pipeline/models/registry.py``)."""
+    from pipeline.models.registry import phases
 
-    a2v = A2VStage(config.sampler)
-    return {
-        "init": Phase(
-            "init",
-            frozenset({"reference_image", "prompt"}),
-            [ReferenceStage(), PromptStage(), ExpressionStage()],
-        ),
-        "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage(), ExpressionStage()]),
-        "n_chunk": Phase(
-            "n_chunk",
-            frozenset({"job", "seed", "audio_windows"}),
-            [AudioFeatureStage(), NContextStage(), a2v],
-        ),
-        "i_chunk": Phase(
-            "i_chunk",
-            frozenset({"job", "seed", "next_latents", "next_audio"}),
-            [IContextStage(), a2v],
-        ),
-        "publish": Phase(
-            "publish",
-            frozenset({"segment_latents", "segment_audio"}),
-            [SRStage(), MouthStage(), DecodeStage(config.schedule.n_len)],
-        ),
-    }
+    return phases(config)
 
 
 def check_graph(phases: Mapping[str, Phase], modules: Mapping[str, Module]) -> None:

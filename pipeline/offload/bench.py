@@ -123,7 +123,7 @@ def _worker(spec: dict) -> dict | None:
 
         abort = close
 
-    session = pipeline.open_session(bench_reference(v.width, v.height), sinks=[Count()])
+    session = pipeline.open_session(bench_reference(config), sinks=[Count()])
     t0 = time.perf_counter()
     session.render(looped_speech(config.audio.sample_rate, spec["seconds"]))
     wall = time.perf_counter() - t0

@@ -18,7 +18,7 @@ import numpy as np
 from pipeline.core.config import TalkloopConfig
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-from pipeline.models.registry import installed_weights
+from pipeline.models.studio.family import installed_weights
 from pipeline.studio.dataset import Clip, make_clip
 from pipeline.studio.style import field_phrases
 from pipeline.train.data import mouth_crop, neutral_boxes

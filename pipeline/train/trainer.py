@@ -26,9 +26,8 @@ from tqdm import tqdm
 from pipeline.core.config import resolve_dtype
 from pipeline.core.errors import CheckpointError, ConfigError
 from pipeline.core.module import Module
-from pipeline.models.registry import STUDIO_MODULES
 from pipeline.models.studio.a2v import lowres
-from pipeline.models.studio.family import StudioConfig, build_networks
+from pipeline.models.studio.family import STUDIO_MODULES, StudioConfig, build_networks
 from pipeline.models.studio.sampling import flow_matching_loss
 from pipeline.studio.style import describe
 from pipeline.train.config import PHASES, PhaseConfig, TrainConfig

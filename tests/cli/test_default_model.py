@@ -16,7 +16,7 @@ import pytest
 from pipeline.assets import HELLO_WAV
 from pipeline.audio.io import load_audio, write_wav
 from pipeline.cli import main
-from pipeline.models.registry import DEFAULT_REFERENCE_SEED, installed_weights
+from pipeline.models.studio.family import DEFAULT_REFERENCE_SEED, installed_weights
 
 pytestmark = pytest.mark.e2e  # ~20 s on an idle 2-core machine
 

@@ -117,7 +117,7 @@ def test_unwritable_output_directory(files, capsys) -> None:
 
 @pytest.mark.unit
 def test_default_model_without_installed_weights_says_so(files, capsys, monkeypatch) -> None:
-    import pipeline.models.registry as registry
+    import pipeline.models.studio.family as registry
 
     monkeypatch.setattr(registry, "INSTALLED_WEIGHTS", files["dir"] / "no-weights-here")
     out = files["dir"] / "out.mp4"

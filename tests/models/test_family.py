@@ -96,7 +96,8 @@ def test_weights_trained_before_an_optional_module_still_load(
     (sized from the folder's other networks) and says what is lost; half a pair is an error."""
     import shutil
 
-    from pipeline.models.registry import INSTALLED_WEIGHTS, load_modules
+    from pipeline.models.registry import load_modules
+    from pipeline.models.studio.family import INSTALLED_WEIGHTS
 
     from support import tiny_config
 

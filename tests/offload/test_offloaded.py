@@ -8,9 +8,9 @@ import torch
 
 from pipeline.core.module import Module
 from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import STUDIO_MODULES, load_modules
+from pipeline.models.registry import load_modules
 from pipeline.models.studio.a2v import A2VConfig
-from pipeline.models.studio.family import StudioConfig, build_networks
+from pipeline.models.studio.family import STUDIO_MODULES, StudioConfig, build_networks
 from pipeline.models.studio.sr import SRConfig
 from pipeline.offload.device import CpuOps
 from pipeline.offload.offloaded import BlockOffloader

@@ -84,7 +84,7 @@ def test_character_command_writes_png(tmp_path: Path) -> None:
 
 
 def test_default_reference_is_installed() -> None:
-    from pipeline.models.registry import DEFAULT_REFERENCE
+    from pipeline.models.studio.family import DEFAULT_REFERENCE
 
     with Image.open(DEFAULT_REFERENCE) as im:
         assert im.size == (256, 256)

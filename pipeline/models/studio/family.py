@@ -1,10 +1,25 @@
-"""The studio family: one root config and the constructor of its seven networks."""
+"""The studio family: its root config, its seven networks, how they load and the stages they run.
+
+The family contract (``pipeline/models/registry.py``): ``load_modules``, ``phases``,
+``load_reference``, ``installed_weights`` and ``NATIVE_SIZES``.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
+from pipeline.core.config import TalkloopConfig
+from pipeline.core.errors import ConfigError, WeightsMissingError
+from pipeline.core.module import Module
 from pipeline.models.studio.a2v import A2VConfig, A2VDiT
 from pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
 from pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
@@ -12,6 +27,9 @@ from pipeline.models.studio.mouth import MouthConfig, MouthNet
 from pipeline.models.studio.sr import SRConfig, SRDiT
 from pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
 from pipeline.models.studio.vae import StudioVAE, VAEConfig
+
+if TYPE_CHECKING:
+    from pipeline.core.pipeline import Phase
 
 NETWORK_KEYS = ("vae", "audio_encoder", "text_encoder", "expression", "a2v", "sr", "mouth")
 
@@ -110,3 +128,188 @@ def build_networks(config: StudioConfig) -> dict[str, nn.Module]:
     for net in nets.values():
         net.eval()
     return nets
+
+
+# Family config field for each module name.
+STUDIO_MODULES = {
+    "vae": "vae",
+    "audio_encoder": "audio",
+    "text_encoder": "text",
+    "expression": "expression",
+    "a2v": "a2v",
+    "sr": "sr",
+    "mouth": "mouth",
+}
+
+INSTALLED_WEIGHTS = Path(__file__).parent / "weights"
+INIT_SEED = 0  # random-weight runs are reproducible: the weights never depend on the noise seed
+
+
+class OptionalModule(NamedTuple):
+    """A module a checkpoint folder may lack (trained before it existed). The folder still loads
+    and the module's untrained init is the identity."""
+
+    sizes: tuple[tuple[str, str, str], ...]  # (its key, family field, that field's key)
+    loses: str  # what a folder without it loses, for the warning
+
+
+OPTIONAL_MODULES = {
+    "expression": OptionalModule(
+        (("latent_channels", "vae", "latent_channels"),), "prompts will not change the face"
+    ),
+    "mouth": OptionalModule(
+        (("latent_channels", "vae", "latent_channels"), ("audio_dim", "audio", "dim")),
+        "no explicit mouth path",
+    ),
+}
+log = logging.getLogger("talkloop.models")
+
+
+def installed_weights() -> Path | None:
+    """The folder of trained studio weights shipped with the package, if any."""
+    return INSTALLED_WEIGHTS if (INSTALLED_WEIGHTS / "a2v.safetensors").is_file() else None
+
+
+def load_modules(config: TalkloopConfig) -> dict[str, Module]:
+    """Build the family's modules; load trained weights unless ``model.untrained`` is set."""
+    m = config.model
+    folder: Path | None = None
+    if not m.untrained:
+        folder = m.weights or installed_weights()
+        if folder is None:
+            raise WeightsMissingError(
+                "no trained weights are installed for the studio model (expected "
+                f"{INSTALLED_WEIGHTS}/a2v.safetensors). Pass --weights DIR to use a checkpoint "
+                "folder, or --untrained to run with random weights (the video will not show a face)."
+            )
+        if not folder.is_dir():
+            raise ConfigError(f"weights folder {folder} does not exist")
+    family = _family_from_folder(folder) if folder else getattr(StudioConfig, m.preset)()
+    with torch.random.fork_rng():
+        torch.manual_seed(INIT_SEED)
+        nets = build_networks(family)
+    # Conv-heavy decoder: channels_last is ~2x faster on CPU (oneDNN); inputs are converted inside.
+    nets["vae"] = nets["vae"].to(memory_format=torch.channels_last)
+    modules: dict[str, Module] = {}
+    for name, field in STUDIO_MODULES.items():
+        module = Module(name, getattr(family, field), nets[name])
+        if folder is not None and name in OPTIONAL_MODULES and not _has_module(folder, name):
+            log.warning(
+                "%s has no %s weights (trained before that module existed): it stays the "
+                "identity, so %s",
+                folder,
+                name,
+                OPTIONAL_MODULES[name].loses,
+            )
+        elif folder is not None and module.state_dict():
+            module.load(folder)
+        if m.compute_dtype == "bfloat16":
+            module.cast_matmuls(torch.bfloat16)
+        modules[name] = module
+    from pipeline.offload.placement import apply_placement
+
+    apply_placement(modules, m)  # resident / offloaded / sharded, per model.placement
+    return modules
+
+
+def _has_module(folder: Path, name: str) -> bool:
+    """Whether ``folder`` holds any file of module ``name`` (a partial pair still fails to load)."""
+    return (folder / f"{name}.json").is_file() or (folder / f"{name}.safetensors").is_file()
+
+
+def _family_from_folder(folder: Path):
+    """The family config a checkpoint folder was saved with (one JSON per module)."""
+    from pydantic import ValidationError
+
+    from pipeline.core.errors import CheckpointError
+
+    parts = {}
+    for name, field in STUDIO_MODULES.items():
+        path = folder / f"{name}.json"
+        if name in OPTIONAL_MODULES and not _has_module(folder, name):
+            # Untrained (see OPTIONAL_MODULES), sized to the folder's other networks.
+            parts[field] = {
+                key: parts[src][src_key]
+                for key, src, src_key in OPTIONAL_MODULES[name].sizes
+                if src_key in parts.get(src, {})
+            }
+            continue
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")
+        try:
+            parts[field] = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise CheckpointError(f"{path} is not valid JSON: {err}") from None
+    try:
+        return StudioConfig.model_validate(parts)
+    except ValidationError as err:
+        raise CheckpointError(f"{folder}: invalid model config: {err}") from None
+
+
+DEFAULT_REFERENCE = Path(__file__).parent / "default_reference.png"
+# The default avatar is studio character 21 (`talkloop studio character --seed 21`).
+DEFAULT_REFERENCE_SEED = 21
+
+
+# The size the shipped weights were trained at; others run, with softer or distorted faces.
+NATIVE_SIZES = ((256, 256),)
+
+
+def default_reference() -> Path:
+    """The path of the bundled default avatar image."""
+    from pipeline.core.errors import InputError
+
+    if not DEFAULT_REFERENCE.is_file():
+        raise InputError(
+            "no --reference image given and no default avatar is installed (it ships with the "
+            "trained weights); pass --reference IMG"
+        )
+    return DEFAULT_REFERENCE
+
+
+def load_reference(
+    source: str | os.PathLike[str] | np.ndarray | None, width: int, height: int
+) -> np.ndarray:
+    """The reference as a session takes it: ``(height, width, 3)`` uint8, centre-cropped and
+    resized (an array of exactly that shape is taken as it is). None: the default avatar."""
+    from pipeline.reference import load_reference as load_fitted
+
+    if isinstance(source, np.ndarray):
+        return source
+    return load_fitted(default_reference() if source is None else source, width, height)
+
+
+def phases(config: TalkloopConfig) -> dict[str, Phase]:
+    """The studio pipeline: VAE latents through A2V, SR and the mouth net to the decoder."""
+    from pipeline.core.pipeline import Phase
+    from pipeline.stages.a2v import A2VStage
+    from pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
+    from pipeline.stages.decode import DecodeStage
+    from pipeline.stages.init import ExpressionStage, PromptStage, ReferenceStage
+    from pipeline.stages.mouth import MouthStage
+    from pipeline.stages.sr import SRStage
+
+    a2v = A2VStage(config.sampler)
+    return {
+        "init": Phase(
+            "init",
+            frozenset({"reference_image", "prompt"}),
+            [ReferenceStage(), PromptStage(), ExpressionStage()],
+        ),
+        "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage(), ExpressionStage()]),
+        "n_chunk": Phase(
+            "n_chunk",
+            frozenset({"job", "seed", "audio_windows"}),
+            [AudioFeatureStage(), NContextStage(), a2v],
+        ),
+        "i_chunk": Phase(
+            "i_chunk",
+            frozenset({"job", "seed", "next_latents", "next_audio"}),
+            [IContextStage(), a2v],
+        ),
+        "publish": Phase(
+            "publish",
+            frozenset({"segment_latents", "segment_audio"}),
+            [SRStage(), MouthStage(), DecodeStage(config.schedule.n_len)],
+        ),
+    }

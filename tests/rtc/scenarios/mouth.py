@@ -14,7 +14,11 @@ from pipeline.assets import HELLO_WAV
 from pipeline.audio.io import load_audio
 from pipeline.core.config import build_config
 from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import DEFAULT_REFERENCE_SEED, default_reference, installed_weights
+from pipeline.models.studio.family import (
+    DEFAULT_REFERENCE_SEED,
+    default_reference,
+    installed_weights,
+)
 from pipeline.reference import load_reference
 from pipeline.studio.character import sample_character
 from pipeline.train.data import mouth_crop
