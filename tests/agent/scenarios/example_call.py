@@ -1,5 +1,5 @@
 """The example agent drives a live session end to end: an aiortc viewer opens the session, then
-examples/agent.py (a separate process) joins with the token, speaks two lines and interrupts the
+examples/agent.py (a separate process) joins with the agent URL the page shows, speaks two lines and interrupts the
 second. Prints RESULT with the agent's playback events and what the viewer received."""
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ async def main() -> None:
     server, url = await start_server(pipeline, live=LiveConfig())
     tokens: asyncio.Queue[str] = asyncio.Queue()
     server.on_session = lambda live: tokens.put_nowait(live.token)
-    call = asyncio.create_task(run_call(url, 12.0))
+    # The call outlasts the agent by a margin: its process spends seconds importing before it
+    # joins, more on a busy machine, and a call that ends first makes it exit with an error.
+    call = asyncio.create_task(run_call(url, 20.0))
     token = await asyncio.wait_for(tokens.get(), 30)
     await asyncio.sleep(1.5)  # the call is up
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(ROOT / "examples" / "agent.py"),
         "--url",
-        url,
-        "--token",
-        token,
+        f"{url}?token={token}&role=agent",  # the agent URL as the page shows it
         "--interrupt-after",
         "0.8",
         *LINES,
