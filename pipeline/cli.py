@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="audio-to-screen delay (default: two chunks + look-ahead + 40 ms)",
     )
+    sv.add_argument(
+        "--max-lag-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="generation this far behind real time skips whole chunks to catch up, so the lag "
+        "stays bounded (100-60000; default 1000, lower when a chunk could not play on time)",
+    )
     sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and connections")
     add_video_args(sv)
     add_model_args(sv)
@@ -215,22 +223,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     base.pop("schedule")
     config = build_config(**live_config_dict(base, sampler_given=args.steps is not None))
     reference = load_avatar(args.reference, config)
+    flags = {"playout_delay_ms": args.playout_delay_ms, "max_lag_ms": args.max_lag_ms}
     try:
-        live = (
-            LiveConfig()
-            if args.playout_delay_ms is None
-            else LiveConfig(playout_delay_ms=args.playout_delay_ms)
-        )
-    except ValueError as err:  # pydantic's ValidationError: say which value is wrong
-        raise ConfigError(f"--playout-delay-ms: {err.errors()[0]['msg']}") from None
+        live = LiveConfig(**{k: v for k, v in flags.items() if v is not None})
+    except ValueError as err:  # pydantic's ValidationError: say which flag and value are wrong
+        bad = err.errors()[0]
+        flag = "--" + str(bad["loc"][0]).replace("_", "-")
+        raise ConfigError(f"{flag}: {bad['msg']}, got {bad['input']}") from None
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server installs its own handlers
-    from pipeline.outputs.kvs.args import kvs_sink_from_args
+    from pipeline.outputs.kvs.args import check_kvs_args, kvs_sink_from_args
 
-    kvs_sink_from_args(args)  # bad --kvs-* flags fail now, before the server starts
+    # Bad --kvs-* flags, or one stream for several sessions, fail now, before the server starts.
+    check_kvs_args(args, args.max_sessions)
 
-    def mirrors() -> list:
-        """One KVS mirror per session (a session's stream goes to the KVS stream)."""
-        sink = kvs_sink_from_args(args)
+    def mirrors(session: int) -> list:
+        """The KVS mirror of one session, into the stream named for its slot (1..max)."""
+        sink = kvs_sink_from_args(args, session)
         return [sink] if sink is not None else []
 
     asyncio.run(

@@ -46,12 +46,23 @@ MAX_MESSAGE_BYTES = 256 * 1024
 STATS_INTERVAL_S = 1.0
 
 
+def session_token() -> str:
+    """A new session token: 32 hex digits (128 random bits).
+
+    Hex, not ``secrets.token_urlsafe``: a token that starts with ``-`` (as about one in 32 of
+    those do) is read as an option when pasted after ``--token`` on a command line, and ``-``
+    and ``_`` make a user wonder what needs quoting. Hex digits never need it, in a URL or a shell.
+    """
+    return secrets.token_hex(16)
+
+
 @dataclass
 class Entry:
     """A session and what is attached to it."""
 
     live: LiveSession
     ws: ServerConnection
+    slot: int  # 1..max_sessions, unique among open sessions (names per-session mirrors)
     peer: Peer | None = None
     agent: ServerConnection | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
@@ -68,7 +79,9 @@ class AvatarServer:
         live: live-call settings.
         max_sessions: concurrent sessions at most; more get a "busy" error.
         notice: a line shown on the page (e.g. that no trained weights are installed).
-        mirror_factory: makes the mirror sinks of a new session (e.g. a KVS copy), or None.
+        mirror_factory: makes the mirror sinks of a new session (e.g. a KVS copy) from the
+            session's slot (1..max_sessions, unique among open sessions, reused after a session
+            ends), or None.
     """
 
     def __init__(
@@ -80,7 +93,7 @@ class AvatarServer:
         max_sessions: int = 1,
         notice: str = "",
         web_dir: Path = WEB_DIR,
-        mirror_factory: Callable[[], list[Sink]] | None = None,
+        mirror_factory: Callable[[int], list[Sink]] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.mirror_factory = mirror_factory
@@ -91,9 +104,15 @@ class AvatarServer:
         self.notice = notice
         self.web_dir = web_dir
         self.sessions: dict[str, Entry] = {}
-        self._pending = 0  # sessions being created (counted against the cap)
+        self._pending: set[int] = set()  # slots of sessions being created (count against the cap)
+        # Slots of closed sessions whose mirrors are still draining: a new session on the same
+        # slot would write into the same per-session stream while the old one still uploads.
+        self._draining: set[int] = set()
         self.on_session: Callable[[LiveSession], None] | None = None  # observers (tests, agents)
         self._ws: WsServer | None = None
+
+    def _slots_taken(self) -> set[int]:
+        return self._pending | self._draining | {e.slot for e in self.sessions.values()}
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -141,7 +160,8 @@ class AvatarServer:
                 return
             await self._agent(self.sessions[token], ws)
             return
-        if len(self.sessions) + self._pending >= self.max_sessions:
+        free = set(range(1, self.max_sessions + 1)) - self._slots_taken()
+        if len(self.sessions) + len(self._pending) >= self.max_sessions or not free:
             await ws.send(
                 error(
                     "busy",
@@ -150,10 +170,11 @@ class AvatarServer:
             )
             await ws.close(1013, "busy")
             return
-        self._pending += 1
+        slot = min(free)
+        self._pending.add(slot)
         try:
-            token = secrets.token_urlsafe(16)
-            mirrors = self.mirror_factory() if self.mirror_factory else []
+            token = session_token()
+            mirrors = self.mirror_factory(slot) if self.mirror_factory else []
             live = await asyncio.to_thread(
                 LiveSession, self.pipeline, self.reference, self.prompt, self.live, token, mirrors
             )
@@ -163,8 +184,8 @@ class AvatarServer:
             await ws.close(1011, "session failed")
             return
         finally:
-            self._pending -= 1
-        entry = Entry(live, ws)
+            self._pending.discard(slot)
+        entry = Entry(live, ws, slot)
         self.sessions[token] = entry
         live.avatar.listeners.append(lambda event: self._on_playback(entry, event))
         log.info("session %s opened (%d active)", token[:6], len(self.sessions))
@@ -329,13 +350,18 @@ class AvatarServer:
             return
         entry.closed = True
         del self.sessions[entry.live.token]
+        if self.mirror_factory is not None:
+            self._draining.add(entry.slot)
         for task in entry.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
         if entry.peer is not None:
             with contextlib.suppress(Exception):
                 await entry.peer.close()
-        await entry.live.close()
+        try:
+            await entry.live.close()
+        finally:
+            self._draining.discard(entry.slot)
         for ws in (entry.ws, entry.agent):
             if ws is not None:
                 with contextlib.suppress(Exception):

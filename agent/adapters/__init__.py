@@ -1,1 +1,2 @@
-"""Adapters for voice-agent frameworks (optional extras: ``talkloop[livekit]``, ``talkloop[pipecat]``)."""
+"""Adapters for voice-agent frameworks (optional extras, from the talkloop
+folder: ``pip install -e '.[livekit]'``, ``pip install -e '.[pipecat]'``)."""

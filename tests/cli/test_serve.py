@@ -26,3 +26,38 @@ def test_port_in_use(capsys) -> None:
         code = main(["serve", *TINY, "--port", str(port)])
     err = capsys.readouterr().err
     assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err
+
+
+@pytest.mark.parametrize("value", ["50", "60001"])
+def test_bad_max_lag(capsys, value: str) -> None:
+    code = main(["serve", *TINY, "--max-lag-ms", value])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("talkloop: error: --max-lag-ms: ") and "\n" not in err
+    assert err.endswith(f"got {value}")
+
+
+def test_max_lag_reaches_the_live_sessions(monkeypatch, capsys) -> None:
+    import rtc.app
+    from rtc.live import LiveConfig
+
+    seen: list[LiveConfig] = []
+
+    async def fake_serve_forever(
+        config, reference, prompt, host, port, max_sessions, live, *a, **k
+    ):
+        seen.append(live)
+
+    monkeypatch.setattr(rtc.app, "serve_forever", fake_serve_forever)
+    assert main(["serve", *TINY, "--max-lag-ms", "400", "--playout-delay-ms", "700"]) == 0
+    assert main(["serve", *TINY]) == 0
+    assert (seen[0].max_lag_ms, seen[0].playout_delay_ms) == (400, 700)
+    assert seen[1] == LiveConfig()  # without the flags: the defaults
+
+
+def test_help_documents_max_lag(capsys) -> None:
+    from rtc.live import LiveConfig
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--max-lag-ms MS" in text and f"default {LiveConfig().max_lag_ms}" in text

@@ -156,3 +156,85 @@ def test_vanished_client_frees_its_session(pipeline) -> None:
     assert not live._thread.is_alive()
     assert live.session.state.context_latents is None  # tensors released
     assert not [t for t in threading.enumerate() if t.name.startswith("gen-")]
+
+
+def test_session_tokens_are_hex_and_sessions_get_free_slots(pipeline) -> None:
+    slots: list[int] = []
+
+    def mirrors(slot: int) -> list:
+        slots.append(slot)
+        return []
+
+    async def body(server, ws_url, http):
+        server.mirror_factory = mirrors
+        first = await websockets.connect(ws_url)
+        hello = json.loads(await first.recv())
+        async with websockets.connect(ws_url) as second:
+            await second.recv()
+            await first.close()  # frees slot 1 while slot 2 stays taken
+            for _ in range(100):
+                if len(server.sessions) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            async with websockets.connect(ws_url) as third:
+                await third.recv()
+                open_slots = sorted(e.slot for e in server.sessions.values())
+        return hello, open_slots
+
+    hello, open_slots = run(with_server(pipeline, body, max_sessions=2))
+    # hex: a token never starts with "-" (read as an option after --token) nor needs quoting
+    assert len(hello["token"]) == 32 and set(hello["token"]) <= set("0123456789abcdef")
+    assert slots == [1, 2, 1] and open_slots == [1, 2]
+
+
+class SlowClosingMirror:
+    """A mirror sink whose close blocks until released, as a KVS mirror draining its upload."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.closing = threading.Event()
+
+    def open(self, info) -> None:
+        pass
+
+    def write(self, video, audio) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closing.set()
+        self.release.wait(30)
+
+    def abort(self) -> None:
+        self.close()
+
+
+def test_a_slot_stays_taken_while_its_mirror_drains(pipeline) -> None:
+    made: list[tuple[int, SlowClosingMirror]] = []
+
+    def mirrors(slot: int) -> list:
+        made.append((slot, SlowClosingMirror()))
+        return [made[-1][1]]
+
+    async def body(server, ws_url, http):
+        server.mirror_factory = mirrors
+        ws = await websockets.connect(ws_url)
+        await ws.recv()
+        next(iter(server.sessions.values())).live.start()  # generating, so sinks get closed
+        await asyncio.sleep(0.5)
+        await ws.close()
+        await asyncio.to_thread(made[0][1].closing.wait, 30)
+        async with websockets.connect(ws_url) as during:  # slot 1's stream is still uploading
+            refused = json.loads(await during.recv())
+        made[0][1].release.set()
+        for _ in range(100):
+            if not server._draining:
+                break
+            await asyncio.sleep(0.05)
+        async with websockets.connect(ws_url) as after:
+            accepted = json.loads(await after.recv())
+        made[-1][1].release.set()
+        return refused, accepted
+
+    refused, accepted = run(with_server(pipeline, body))
+    assert refused["code"] == "busy"
+    assert accepted["type"] == "session" and [slot for slot, _ in made] == [1, 1]

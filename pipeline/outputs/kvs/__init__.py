@@ -1,17 +1,30 @@
 """The KVS mirror: a live copy of the stream to Amazon Kinesis Video Streams (PutMedia).
 
 ``KvsSink`` is the Sink (``sink.py``); ``kvs_sink_from_args`` builds one from the flags that
-``add_kvs_args`` declares (``args.py``), so any command (render now, serve later) attaches it
-the same way. See docs/kvs.md.
+``add_kvs_args`` declares (``args.py``), so ``render`` and ``serve`` attach it the same way
+(``serve``: one stream per session, named from a ``{session}`` template). See docs/kvs.md.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pipeline.outputs.kvs.args import add_kvs_args, kvs_sink_from_args
+from pipeline.outputs.kvs.args import (
+    add_kvs_args,
+    check_kvs_args,
+    kvs_sink_from_args,
+    kvs_stream_name,
+)
 
-__all__ = ["KvsError", "KvsSink", "KvsStatus", "add_kvs_args", "kvs_sink_from_args"]
+__all__ = [
+    "KvsError",
+    "KvsSink",
+    "KvsStatus",
+    "add_kvs_args",
+    "check_kvs_args",
+    "kvs_sink_from_args",
+    "kvs_stream_name",
+]
 
 
 def __getattr__(name: str) -> Any:

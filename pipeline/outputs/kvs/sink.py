@@ -131,7 +131,9 @@ class KvsSink:
         import importlib.util
 
         if importlib.util.find_spec("boto3") is None:
-            raise ConfigError("the KVS mirror needs boto3: pip install 'talkloop[kvs]'")
+            raise ConfigError(
+                "the KVS mirror needs boto3: in the talkloop folder, pip install -e '.[kvs]'"
+            )
         self.stream_name = stream_name
         self.region = region
         self.endpoint_url = endpoint_url
