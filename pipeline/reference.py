@@ -55,3 +55,19 @@ def fit(image: Image.Image, width: int, height: int) -> np.ndarray:
         box = (0, (h - ch) // 2, w, (h - ch) // 2 + ch)
     out = image.crop(box).resize((width, height), Image.Resampling.LANCZOS)
     return np.asarray(out, dtype=np.uint8).copy()
+
+
+def fit_array(image: np.ndarray, width: int, height: int) -> np.ndarray:
+    """An RGB uint8 array fitted like ``fit``; one of exactly ``(height, width, 3)`` as it is."""
+    if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+        raise InputError(
+            f"reference must be an (H, W, 3) uint8 RGB array, got {image.shape} {image.dtype}"
+        )
+    if image.shape[:2] == (height, width):
+        return image
+    if min(image.shape[:2]) < MIN_REFERENCE_SIDE:
+        raise InputError(
+            f"reference image is {image.shape[1]}x{image.shape[0]}: too small, use at least "
+            f"{MIN_REFERENCE_SIDE}x{MIN_REFERENCE_SIDE}"
+        )
+    return fit(Image.fromarray(image), width, height)

@@ -10,6 +10,8 @@ Client -> server (JSON text messages):
 | `prompt`    | `text` (str)                             | new style prompt, from the next chunk    |
 | `interrupt` | -                                        | drop unplayed speech; back to idle       |
 | `bye`       | -                                        | end the session                          |
+| `avatar`    | `image` (base64 JPEG/PNG/WebP)           | first message after `/ws?avatar=1`: the  |
+|             |                                          | call's avatar photo (``rtc/avatar.py``)  |
 
 Server -> client: `session` (token, notice), `answer` (sdp), `stats` (once a second), `error`
 (`code`, `message`), `speech` (`state`: started / finished / interrupted).
@@ -27,7 +29,7 @@ from agent.protocol import ProtocolError, decode_message, error
 __all__ = ["CLIENT_TYPES", "ProtocolError", "error", "parse_message"]
 
 MAX_TEXT = 2000
-CLIENT_TYPES = ("offer", "candidate", "say", "prompt", "interrupt", "bye")
+CLIENT_TYPES = ("offer", "candidate", "say", "prompt", "interrupt", "bye", "avatar")
 
 
 def parse_message(raw: str | bytes) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from agent.protocol import AgentChannel, event_message
 from pipeline.core.errors import TalkloopError
 from pipeline.core.pipeline import Pipeline
 from pipeline.outputs.sink import Sink
+from rtc.avatar import AVATAR_WAIT_S, decode_avatar
 from rtc.live import LiveConfig, LiveSession
 from rtc.peer import Peer
 from rtc.protocol import ProtocolError, error, parse_message
@@ -173,11 +174,21 @@ class AvatarServer:
         slot = min(free)
         self._pending.add(slot)
         try:
+            reference = self.reference
+            if query.get("avatar", [""])[0] == "1":  # the page sends its own photo first
+                reference = await self._read_avatar(ws)
             token = session_token()
             mirrors = self.mirror_factory(slot) if self.mirror_factory else []
             live = await asyncio.to_thread(
-                LiveSession, self.pipeline, self.reference, self.prompt, self.live, token, mirrors
+                LiveSession, self.pipeline, reference, self.prompt, self.live, token, mirrors
             )
+        except ConnectionClosed:
+            return
+        except ProtocolError as err:  # a bad photo ends this connection only
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(error(err.code, str(err)))
+                await ws.close(4400, err.code)
+            return
         except Exception as err:
             log.exception("could not open a session")
             await ws.send(error("internal", f"could not open a session: {err}"))
@@ -222,6 +233,22 @@ class AvatarServer:
         finally:
             await self._close(entry)
 
+    async def _read_avatar(self, ws: ServerConnection) -> np.ndarray:
+        """The photo a page announced with ``?avatar=1``, as the session's reference."""
+        try:
+            raw = await asyncio.wait_for(ws.recv(), AVATAR_WAIT_S)
+        except TimeoutError:
+            raise ProtocolError(
+                "bad_avatar", f"no avatar photo arrived within {AVATAR_WAIT_S:g} s"
+            ) from None
+        msg = parse_message(raw)
+        if msg["type"] != "avatar":
+            raise ProtocolError(
+                "bad_avatar",
+                f"expected the avatar photo first (connected with ?avatar=1), got {msg['type']!r}",
+            )
+        return await asyncio.to_thread(decode_avatar, msg.get("image"), self.pipeline.config)
+
     async def _on_message(self, entry: Entry, raw: str | bytes) -> None:
         msg = parse_message(raw)
         kind = msg["type"]
@@ -256,6 +283,10 @@ class AvatarServer:
             live.interrupt()
         elif kind == "bye":
             entry.closed = True
+        elif kind == "avatar":
+            raise ProtocolError(
+                "bad_state", "the avatar photo goes first, on a connection to /ws?avatar=1"
+            )
 
     # -- agents ----------------------------------------------------------------------------------
 

@@ -8,7 +8,8 @@ const ui = {
   say: $("say"), sayBtn: $("say-btn"), prompt: $("prompt"), promptBtn: $("prompt-btn"), log: $("log"),
 };
 
-const call = { ws: null, pc: null, mic: null, token: null, open: false };
+// avatar: the chosen photo as base64 JPEG (sent first on the next call's websocket), or null.
+const call = { ws: null, pc: null, mic: null, token: null, open: false, avatar: null };
 // Exposed for automated tests (Playwright reads getStats through it).
 window.talkloop = { call, stats: () => (call.pc ? call.pc.getStats() : null) };
 
@@ -34,8 +35,9 @@ async function startCall() {
   setStatus("Connecting…");
   ui.call.disabled = true;
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const ws = new WebSocket(`${scheme}://${location.host}/ws`);
+  const ws = new WebSocket(`${scheme}://${location.host}/ws${call.avatar ? "?avatar=1" : ""}`);
   call.ws = ws;
+  if (call.avatar) ws.onopen = () => ws.send(JSON.stringify({ type: "avatar", image: call.avatar }));
   ws.onmessage = (ev) => onMessage(JSON.parse(ev.data)).catch((e) => log(String(e), true));
   ws.onclose = (ev) => {
     if (call.ws === ws) endCall(ev.reason ? `Disconnected: ${ev.reason}` : "Call ended");
@@ -52,6 +54,7 @@ async function onMessage(msg) {
     case "error":
       log(`${msg.code}: ${msg.message}`, true);
       if (msg.code === "busy" || msg.code === "bad_token") setStatus("Server busy", "error");
+      if (msg.code === "bad_avatar") setStatus("Photo refused", "error");
       return;
     default: log(`unknown message ${msg.type}`);
   }
@@ -151,4 +154,46 @@ $("prompt-form").onsubmit = (ev) => {
   ev.preventDefault();
   send({ type: "prompt", text: ui.prompt.value });
   log(`prompt: ${ui.prompt.value || "(none)"}`);
+};
+
+// The avatar photo: checked here, re-encoded as a JPEG of at most AVATAR_SIDE px (EXIF rotation
+// applied) so it fits one websocket message; the server checks it again and frames the face.
+const AVATAR_TYPES = ["image/jpeg", "image/png", "image/webp"];
+const AVATAR_MAX_FILE = 20 * 1024 * 1024;
+const AVATAR_SIDE = 800;
+const AVATAR_MAX_B64 = 235000; // the server takes 180 kB decoded
+async function chooseAvatar(file) {
+  if (!AVATAR_TYPES.includes(file.type)) {
+    return log(`avatar: ${file.name} is not a JPEG, PNG or WebP photo`, true);
+  }
+  if (file.size > AVATAR_MAX_FILE) return log(`avatar: ${file.name} is larger than 20 MB`, true);
+  let bitmap;
+  try {
+    bitmap = await createImageBitmap(file, { imageOrientation: "from-image" });
+  } catch (err) {
+    return log(`avatar: ${file.name} could not be read as an image`, true);
+  }
+  const scale = Math.min(1, AVATAR_SIDE / Math.max(bitmap.width, bitmap.height));
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.round(bitmap.width * scale);
+  canvas.height = Math.round(bitmap.height * scale);
+  canvas.getContext("2d").drawImage(bitmap, 0, 0, canvas.width, canvas.height);
+  let url = canvas.toDataURL("image/jpeg", 0.9);
+  for (let q = 0.75; url.length > AVATAR_MAX_B64 && q > 0.3; q -= 0.15) {
+    url = canvas.toDataURL("image/jpeg", q);
+  }
+  call.avatar = url.slice(url.indexOf(",") + 1);
+  $("avatar-preview").src = url;
+  $("avatar-pick").hidden = false;
+  log(`avatar for the next call: ${file.name}`);
+}
+$("avatar-file").onchange = (ev) => {
+  const file = ev.target.files[0];
+  if (file) chooseAvatar(file).catch((e) => log(String(e), true));
+};
+$("avatar-clear").onclick = () => {
+  call.avatar = null;
+  $("avatar-file").value = "";
+  $("avatar-pick").hidden = true;
+  log("avatar for the next call: the server's own");
 };

@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from pipeline.core.config import TalkloopConfig
-from pipeline.core.errors import ConfigError, WeightsMissingError
 from pipeline.core.module import Module
 from pipeline.models.studio.a2v import A2VConfig, A2VDiT
 from pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
@@ -172,18 +171,10 @@ def installed_weights() -> Path | None:
 
 def load_modules(config: TalkloopConfig) -> dict[str, Module]:
     """Build the family's modules; load trained weights unless ``model.untrained`` is set."""
+    from pipeline.models.registry import finish_modules, weights_folder
+
     m = config.model
-    folder: Path | None = None
-    if not m.untrained:
-        folder = m.weights or installed_weights()
-        if folder is None:
-            raise WeightsMissingError(
-                "no trained weights are installed for the studio model (expected "
-                f"{INSTALLED_WEIGHTS}/a2v.safetensors). Pass --weights DIR to use a checkpoint "
-                "folder, or --untrained to run with random weights (the video will not show a face)."
-            )
-        if not folder.is_dir():
-            raise ConfigError(f"weights folder {folder} does not exist")
+    folder = weights_folder(m, "studio", installed_weights(), INSTALLED_WEIGHTS / "a2v.safetensors")
     family = _family_from_folder(folder) if folder else getattr(StudioConfig, m.preset)()
     with torch.random.fork_rng():
         torch.manual_seed(INIT_SEED)
@@ -203,13 +194,8 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
             )
         elif folder is not None and module.state_dict():
             module.load(folder)
-        if m.compute_dtype == "bfloat16":
-            module.cast_matmuls(torch.bfloat16)
         modules[name] = module
-    from pipeline.offload.placement import apply_placement
-
-    apply_placement(modules, m)  # resident / offloaded / sharded, per model.placement
-    return modules
+    return finish_modules(modules, m)
 
 
 def _has_module(folder: Path, name: str) -> bool:
@@ -272,24 +258,23 @@ def load_reference(
 ) -> np.ndarray:
     """The reference as a session takes it: ``(height, width, 3)`` uint8, centre-cropped and
     resized (an array of exactly that shape is taken as it is). None: the default avatar."""
+    from pipeline.reference import fit_array
     from pipeline.reference import load_reference as load_fitted
 
     if isinstance(source, np.ndarray):
-        return source
+        return fit_array(source, width, height)
     return load_fitted(default_reference() if source is None else source, width, height)
 
 
 def phases(config: TalkloopConfig) -> dict[str, Phase]:
     """The studio pipeline: VAE latents through A2V, SR and the mouth net to the decoder."""
     from pipeline.core.pipeline import Phase
-    from pipeline.stages.a2v import A2VStage
-    from pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
+    from pipeline.stages.a2v import chunk_phases
     from pipeline.stages.decode import DecodeStage
     from pipeline.stages.init import ExpressionStage, PromptStage, ReferenceStage
     from pipeline.stages.mouth import MouthStage
     from pipeline.stages.sr import SRStage
 
-    a2v = A2VStage(config.sampler)
     return {
         "init": Phase(
             "init",
@@ -297,16 +282,7 @@ def phases(config: TalkloopConfig) -> dict[str, Phase]:
             [ReferenceStage(), PromptStage(), ExpressionStage()],
         ),
         "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage(), ExpressionStage()]),
-        "n_chunk": Phase(
-            "n_chunk",
-            frozenset({"job", "seed", "audio_windows"}),
-            [AudioFeatureStage(), NContextStage(), a2v],
-        ),
-        "i_chunk": Phase(
-            "i_chunk",
-            frozenset({"job", "seed", "next_latents", "next_audio"}),
-            [IContextStage(), a2v],
-        ),
+        **chunk_phases(config.sampler),
         "publish": Phase(
             "publish",
             frozenset({"segment_latents", "segment_audio"}),
