@@ -33,7 +33,11 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def add_video_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--size", type=parse_size, default=(256, 256), help="256 or WxH (multiples of 32)"
+        "--size",
+        type=parse_size,
+        default=None,
+        help="512 or WxH, multiples of 32 (default: the family's own size, studio 256x256, "
+        "portrait 512x512)",
     )
     p.add_argument("--fps", type=int, default=25)
     p.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
@@ -42,6 +46,13 @@ def add_video_args(p: argparse.ArgumentParser) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
+    g.add_argument(
+        "--family",
+        choices=["studio", "portrait"],
+        default="studio",
+        help="portrait: a real person from one photo (--reference PHOTO); studio: the "
+        "synthetic characters",
+    )
     g.add_argument("--weights", type=Path, help="checkpoint folder (default: installed weights)")
     g.add_argument(
         "--untrained", action="store_true", help="random weights (no face: tests, benchmarks)"
@@ -88,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--reference", help="avatar image (PNG/JPEG); default: the bundled avatar")
     r.add_argument("--prompt", default="", help='style text, e.g. "calm, friendly, nods a lot"')
     r.add_argument(
-        "--size", type=parse_size, default=(256, 256), help="256 or WxH (multiples of 32)"
+        "--size",
+        type=parse_size,
+        default=None,
+        help="512 or WxH, multiples of 32 (default: the family's own size, studio 256x256, "
+        "portrait 512x512)",
     )
     r.add_argument("--fps", type=int, default=25)
     r.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
@@ -148,7 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace):
     from pipeline.core.config import build_config
 
-    width, height = getattr(args, "size", (256, 256))
+    family = getattr(args, "family", "studio")
+    from pipeline.models.registry import family as family_module
+
+    width, height = getattr(args, "size", None) or family_module(family).NATIVE_SIZES[0]
     sampler: dict[str, object] = {}
     output: dict[str, object] = {}
     steps = getattr(args, "steps", None)
@@ -163,6 +181,7 @@ def config_from_args(args: argparse.Namespace):
         sampler=sampler,
         output=output,
         model={
+            "family": family,
             "preset": args.preset,
             "weights": args.weights,
             "untrained": args.untrained,
@@ -218,7 +237,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.max_sessions < 1:
         raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
-    args.untrained, notice = resolve_weights(args.untrained, args.weights)
+    args.untrained, notice = resolve_weights(args.untrained, args.weights, args.family)
     base = config_from_args(args).model_dump(mode="json")
     base.pop("schedule")
     config = build_config(**live_config_dict(base, sampler_given=args.steps is not None))

@@ -23,9 +23,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
-from pipeline.core.config import FAMILIES, TalkloopConfig
-from pipeline.core.errors import ConfigError
+from pipeline.core.config import FAMILIES, ModelConfig, TalkloopConfig
+from pipeline.core.errors import ConfigError, WeightsMissingError
 from pipeline.core.module import Module
 
 if TYPE_CHECKING:
@@ -61,3 +62,34 @@ def load_reference(
 def installed_weights(name: str = "studio") -> Path | None:
     """The weights folder shipped with family ``name``, if any."""
     return family(name).installed_weights()
+
+
+# -- for the families' loaders ---------------------------------------------------------------------
+
+
+def weights_folder(model: ModelConfig, name: str, installed: Path | None, expected: Path):
+    """The checkpoint folder family ``name`` loads: ``model.weights``, else the installed one;
+    None when ``model.untrained``. ``expected`` is the file an installed folder would have."""
+    if model.untrained:
+        return None
+    folder = model.weights or installed
+    if folder is None:
+        raise WeightsMissingError(
+            f"no trained weights are installed for the {name} model (expected {expected}). "
+            "Pass --weights DIR to use a checkpoint folder, or --untrained to run with random "
+            "weights (the video will not show a face)."
+        )
+    if not folder.is_dir():
+        raise ConfigError(f"weights folder {folder} does not exist")
+    return folder
+
+
+def finish_modules(modules: dict[str, Module], model: ModelConfig) -> dict[str, Module]:
+    """What every family does last: bf16 weights where bf16 computes, then the placement."""
+    from pipeline.offload.placement import apply_placement
+
+    if model.compute_dtype == "bfloat16":
+        for module in modules.values():
+            module.cast_matmuls(torch.bfloat16)
+    apply_placement(modules, model)  # resident / offloaded / sharded, per model.placement
+    return modules

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.core.config import SamplerConfig
 from pipeline.core.stage import Stage, StageContext
 from pipeline.models.studio.sampling import euler_sample
+
+if TYPE_CHECKING:
+    from pipeline.core.pipeline import Phase
 
 
 class A2VStage(Stage):
@@ -43,3 +48,26 @@ class A2VStage(Stage):
             audio_guidance=self.sampler.audio_guidance,
         )  # (1, F, C, h, w)
         ctx.write("latents", out[0, ~mask[0]].float())  # (generated, C, h, w)
+
+
+def chunk_phases(sampler: SamplerConfig) -> dict[str, Phase]:
+    """The ``n_chunk`` and ``i_chunk`` phases: audio features and the N/I context feed the A2V.
+
+    Every family whose A2V is an :class:`A2VDiT` over its own latents shares them.
+    """
+    from pipeline.core.pipeline import Phase
+    from pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
+
+    a2v = A2VStage(sampler)
+    return {
+        "n_chunk": Phase(
+            "n_chunk",
+            frozenset({"job", "seed", "audio_windows"}),
+            [AudioFeatureStage(), NContextStage(), a2v],
+        ),
+        "i_chunk": Phase(
+            "i_chunk",
+            frozenset({"job", "seed", "next_latents", "next_audio"}),
+            [IContextStage(), a2v],
+        ),
+    }
