@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.bench.memory import memory_trend
 from pipeline.bench.worker import rss_mb
 from pipeline.core.config import TalkloopConfig
 from pipeline.core.pipeline import Pipeline
@@ -77,12 +78,6 @@ async def measure(spec: dict) -> dict:
     ]
     last = result.stats[-1] if result.stats else {}
     mem = np.array(memory)
-    tail = mem[mem[:, 0] >= 0.2 * mem[-1, 0]] if mem.size else mem
-    slope = (
-        float(np.polyfit(tail[:, 0] / 60, tail[:, 1], 1)[0])
-        if tail.shape[0] >= 3 and mem[-1, 0] >= 60
-        else None
-    )
     return {
         "seconds": seconds,
         "video_frames": len(result.video_times),
@@ -113,7 +108,8 @@ async def measure(spec: dict) -> dict:
         "mic_backlog_ms": [s.get("mic_backlog_ms") for s in result.stats],
         "rtf": last.get("rtf"),
         "peak_rss_mb": float(mem[:, 1].max()) if mem.size else None,
-        "mem_slope_mb_per_min": slope,
+        # RSS growth in the first WARMUP_S of the call, then the slope of the rest
+        **memory_trend(memory),
         "memory": memory,
         "errors": result.errors,
     }

@@ -192,7 +192,9 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         f"{_fmt(a['trend_ms_per_min'], ' ms/min')}"
     )
     print(
-        f"peak_rss_mb {_fmt(r['peak_rss_mb'])}  mem_slope_mb_per_min {_fmt(r['mem_slope_mb_per_min'])}"
+        f"peak_rss_mb {_fmt(r['peak_rss_mb'])}  mem_warmup_growth_mb "
+        f"{_fmt(r['mem_warmup_growth_mb'])} (first {r['mem_warmup_s']:g} s)  "
+        f"mem_slope_mb_per_min {_fmt(r['mem_slope_mb_per_min'])} (after it)"
     )
     print(f"wrote {out / 'live.json'}")
     return 0 if not r["errors"] else 1
@@ -203,13 +205,25 @@ def print_table(result: dict) -> None:
         f"\nttff_ms (median of {len(result['ttff_ms_runs'])} real-time-fed runs): "
         f"{result['ttff_ms']:.0f}  (runs: {', '.join(f'{x:.0f}' for x in result['ttff_ms_runs'])})"
     )
-    head = f"{'mode':6s} {'seconds':>8s} {'frames':>7s} {'rtf':>6s} {'fps':>7s} {'peak_rss_mb':>12s} {'mem_slope_mb_per_min':>21s}"
+    head = (
+        f"{'mode':6s} {'seconds':>8s} {'frames':>7s} {'rtf':>6s} {'fps':>7s} {'peak_rss_mb':>12s} "
+        f"{'mem_warmup_growth_mb':>21s} {'mem_slope_mb_per_min':>21s}"
+    )
     print(head)
     print("-" * len(head))
     for r in result["runs"]:
         print(
             f"{r['mode']:6s} {r['seconds']:8g} {r['frames']:7d} {r['rtf']:6.3f} {r['fps']:7.1f} "
-            f"{r['peak_rss_mb']:12.0f} {_fmt(r['mem_slope_mb_per_min']):>21s}"
+            f"{r['peak_rss_mb']:12.0f} {_fmt(r['mem_warmup_growth_mb']):>21s} "
+            f"{_fmt(r['mem_slope_mb_per_min']):>21s}"
+        )
+    if result["runs"]:
+        from pipeline.bench.memory import MIN_STEADY_S
+
+        print(
+            f"memory: growth over the first {result['runs'][0]['mem_warmup_s']:g} s of video "
+            f"(warm-up), then the slope of the rest; n/a where less than {MIN_STEADY_S:g} s "
+            f"follow the warm-up"
         )
     for r in result["runs"]:
         if r["mode"] == "ours":
@@ -225,6 +239,33 @@ def _fmt(value: float | None, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:.2f}{unit}"
 
 
+def memory_lines(runs: list[dict]) -> list[dict]:
+    """What ``plot_memory`` draws per run: minutes, MB, colour, line style and legend label.
+
+    One colour per run, so "ours 20 s" and "ours 60 s" differ, and one line style per mode; the
+    label gives the warm-up growth and the steady slope (``bench/memory.py``).
+    """
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10"].colors
+    styles = {"ours": "-", "naive": "--"}
+    lines = []
+    for i, r in enumerate(runs):
+        growth, slope = r["mem_warmup_growth_mb"], r["mem_slope_mb_per_min"]
+        lines.append(
+            {
+                "t": [s[0] / 60 for s in r["samples"]],
+                "mb": [s[1] for s in r["samples"]],
+                "color": palette[i % len(palette)],
+                "linestyle": styles.get(r["mode"], ":"),
+                "label": f"{r['mode']} {r['seconds']:g} s: warm-up "
+                f"{'n/a' if growth is None else f'{growth:+.0f} MB'}, "
+                f"{'slope n/a (too short)' if slope is None else f'then {slope:+.1f} MB/min'}",
+            }
+        )
+    return lines
+
+
 def plot_memory(runs: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -232,17 +273,11 @@ def plot_memory(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    colors = {"ours": "#1f77b4", "naive": "#d62728"}
-    for r in runs:
-        t = [s[0] / 60 for s in r["samples"]]
-        m = [s[1] for s in r["samples"]]
-        ax.plot(
-            t,
-            m,
-            color=colors.get(r["mode"], "k"),
-            alpha=0.85,
-            label=f"{r['mode']} {r['seconds']:g} s (slope {_fmt(r['mem_slope_mb_per_min'], ' MB/min')})",
-        )
+    warmup = max((r["mem_warmup_s"] for r in runs), default=0.0)
+    if warmup:
+        ax.axvspan(0, warmup / 60, color="0.9", zorder=0, label=f"warm-up ({warmup:g} s)")
+    for line in memory_lines(runs):
+        ax.plot(line.pop("t"), line.pop("mb"), alpha=0.9, **line)
     ax.set_xlabel("generated video (minutes)")
     ax.set_ylabel("resident memory (MB)")
     ax.set_title("talkloop memory against generated duration")

@@ -20,8 +20,10 @@ import torch
 
 from pipeline.assets import HELLO_WAV
 from pipeline.audio.io import load_audio
+from pipeline.bench.memory import memory_trend
 from pipeline.core.config import TalkloopConfig
-from pipeline.core.pipeline import Pipeline, default_phases
+from pipeline.core.graph import default_phases
+from pipeline.core.pipeline import Pipeline
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from pipeline.core.stage import Stage, StageContext
 from pipeline.outputs.background import BackgroundSink
@@ -182,7 +184,8 @@ def run(spec: dict) -> dict:
         # Where the time goes: seconds of each "phase/stage" per second of video (their sum is
         # at most rtf). On CUDA a stage's figure is its launches plus any wait it causes.
         "stage_rtf": {k: v / media for k, v in sorted(stage_seconds.items())},
-        "mem_slope_mb_per_min": finite_or_none(slope_per_min(probe.samples)),
+        # RSS growth in the first WARMUP_S of video, then the slope of the rest (bench/memory.py)
+        **memory_trend(probe.samples),
         "samples": probe.samples,
     }
 
@@ -207,29 +210,6 @@ def measure_ttff(pipeline: Pipeline, reference: np.ndarray) -> float:
     ttff = session.stats.ttff_ms
     assert ttff is not None
     return ttff
-
-
-MIN_SLOPE_SECONDS = 60.0  # shorter runs are all warm-up: allocator pools, caches, first chunks
-
-
-def slope_per_min(samples: list[tuple[float, float]]) -> float:
-    """Least-squares slope of RSS (MB) against generated minutes, after the first 20% (warm-up).
-
-    NaN for runs shorter than a minute of video: their "slope" would only measure warm-up.
-    """
-    if not samples or samples[-1][0] < MIN_SLOPE_SECONDS:
-        return float("nan")
-    pts = [s for s in samples if s[0] >= 0.2 * samples[-1][0]]
-    if len(pts) < 3:
-        return float("nan")
-    t = np.array([p[0] for p in pts]) / 60.0
-    m = np.array([p[1] for p in pts])
-    return float(np.polyfit(t, m, 1)[0])
-
-
-def finite_or_none(value: float) -> float | None:
-    """JSON has no NaN: a figure that was not measured is null."""
-    return value if np.isfinite(value) else None
 
 
 def main(argv: list[str]) -> int:
