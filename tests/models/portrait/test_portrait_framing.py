@@ -70,24 +70,34 @@ def test_an_array_frames_like_its_file():
 
 
 @pytest.mark.parametrize(
-    "orientation, undo",
+    "orientation, undo, fmt",
     [
-        (6, Image.Transpose.ROTATE_90),
-        (3, Image.Transpose.ROTATE_180),
-        (8, Image.Transpose.ROTATE_270),
+        (6, Image.Transpose.ROTATE_90, "png"),
+        (3, Image.Transpose.ROTATE_180, "png"),
+        (8, Image.Transpose.ROTATE_270, "png"),
+        (6, Image.Transpose.ROTATE_90, "jpeg"),
     ],
 )
-def test_exif_rotated_photo_frames_like_the_upright_one(tmp_path, orientation, undo):
+def test_exif_rotated_photo_frames_like_the_upright_one(tmp_path, orientation, undo, fmt):
     upright = Image.open(PORTRAITS["grace_hopper"]).convert("RGB")
-    upright.save(tmp_path / "upright.png")
-    # Stored sideways with the EXIF tag that says how to turn it back.
+    # Stored turned, with the EXIF tag that says how to turn it back (what phones write).
     stored = upright.transpose(undo)
     exif = Image.Exif()
     exif[0x0112] = orientation
-    stored.save(tmp_path / "rotated.png", exif=exif.tobytes())
-    assert Image.open(tmp_path / "rotated.png").size != upright.size or orientation == 3
+    if fmt == "jpeg":
+        # The upright twin goes through the same lossy round trip, turned back losslessly.
+        stored.save(tmp_path / "rotated.jpg", quality=95, exif=exif.tobytes())
+        rotated_path = tmp_path / "rotated.jpg"
+        with Image.open(rotated_path) as im:
+            upright = im.convert("RGB").transpose({6: Image.Transpose.ROTATE_270}[orientation])
+    else:
+        stored.save(tmp_path / "rotated.png", exif=exif.tobytes())
+        rotated_path = tmp_path / "rotated.png"
+    upright.save(tmp_path / "upright.png")
+    with Image.open(rotated_path) as im:
+        assert im.getexif()[0x0112] == orientation
     a = frame_portrait(tmp_path / "upright.png")
-    b = frame_portrait(tmp_path / "rotated.png")
+    b = frame_portrait(rotated_path)
     assert np.abs(a.image.astype(int) - b.image.astype(int)).mean() < 1.0
     assert np.abs(a.landmarks[:, :2] - b.landmarks[:, :2]).max() < 1.0
 
