@@ -76,13 +76,13 @@ def load_image(source: str | Path | np.ndarray) -> tuple[np.ndarray, str]:
     try:
         with Image.open(path) as im:
             im.load()
-            im = ImageOps.exif_transpose(im)
+            ImageOps.exif_transpose(im, in_place=True)  # no copy when upright
             if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
                 # A cut-out portrait: its transparent background becomes white, not black.
                 rgba = im.convert("RGBA")
                 white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
                 im = Image.alpha_composite(white, rgba)
-            rgb = np.asarray(im.convert("RGB"))
+            rgb = np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
     except UnidentifiedImageError:
         raise InputError(f"{name} is not an image (expected JPEG, PNG or WebP)") from None
     except Image.DecompressionBombError as e:
