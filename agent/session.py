@@ -35,7 +35,8 @@ from agent.clock import Clock, Lateness, MediaClock, RealClock, av_offset_ms
 from agent.driver import AudioDriver
 from agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
 from pipeline.core.errors import BusyError, SessionClosedError
-from pipeline.core.pipeline import Pipeline, Session
+from pipeline.core.pipeline import Pipeline
+from pipeline.core.session import Session
 from pipeline.outputs.queue import FrameQueueSink, LiveFrame
 from pipeline.outputs.sink import Sink
 

@@ -24,7 +24,8 @@ from pydantic import Field
 
 from agent.session import AvatarConfig, AvatarSession
 from pipeline.audio.io import pcm16_to_float
-from pipeline.core.pipeline import Pipeline, Session
+from pipeline.core.pipeline import Pipeline
+from pipeline.core.session import Session
 from pipeline.outputs.sink import Sink
 from rtc.tracks import AvatarAudioTrack, AvatarVideoTrack, stamp_bits
 

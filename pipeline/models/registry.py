@@ -30,7 +30,7 @@ from pipeline.core.errors import ConfigError, WeightsMissingError
 from pipeline.core.module import Module
 
 if TYPE_CHECKING:
-    from pipeline.core.pipeline import Phase
+    from pipeline.core.graph import Phase
 
 
 def family(name: str) -> ModuleType:

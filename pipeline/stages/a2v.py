@@ -9,7 +9,7 @@ from pipeline.core.stage import Stage, StageContext
 from pipeline.models.studio.sampling import euler_sample
 
 if TYPE_CHECKING:
-    from pipeline.core.pipeline import Phase
+    from pipeline.core.graph import Phase
 
 
 class A2VStage(Stage):
@@ -55,7 +55,7 @@ def chunk_phases(sampler: SamplerConfig) -> dict[str, Phase]:
 
     Every family whose A2V is an :class:`A2VDiT` over its own latents shares them.
     """
-    from pipeline.core.pipeline import Phase
+    from pipeline.core.graph import Phase
     from pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
 
     a2v = A2VStage(sampler)

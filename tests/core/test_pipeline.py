@@ -10,7 +10,8 @@ import torch
 
 from pipeline.core.clock import frame_start_sample, frames_for_samples
 from pipeline.core.errors import InputError, PipelineError, SessionClosedError
-from pipeline.core.pipeline import Phase, Pipeline, default_phases
+from pipeline.core.graph import Phase, default_phases
+from pipeline.core.pipeline import Pipeline
 from pipeline.core.stage import Stage, StageContext
 
 from support import CollectSink, make_reference, tiny_config

@@ -28,7 +28,7 @@ from pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderCo
 from pipeline.models.studio.vae import StudioVAE, VAEConfig
 
 if TYPE_CHECKING:
-    from pipeline.core.pipeline import Phase
+    from pipeline.core.graph import Phase
 
 NETWORK_KEYS = ("vae", "audio_encoder", "text_encoder", "expression", "a2v", "sr", "mouth")
 
@@ -268,7 +268,7 @@ def load_reference(
 
 def phases(config: TalkloopConfig) -> dict[str, Phase]:
     """The studio pipeline: VAE latents through A2V, SR and the mouth net to the decoder."""
-    from pipeline.core.pipeline import Phase
+    from pipeline.core.graph import Phase
     from pipeline.stages.a2v import chunk_phases
     from pipeline.stages.decode import DecodeStage
     from pipeline.stages.init import ExpressionStage, PromptStage, ReferenceStage

@@ -21,7 +21,8 @@ import numpy as np
 import websockets
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from pipeline.core.pipeline import Pipeline, default_phases
+from pipeline.core.graph import default_phases
+from pipeline.core.pipeline import Pipeline
 from pipeline.core.stage import Stage, StageContext
 from rtc.client import CallResult
 
