@@ -1,0 +1,199 @@
+"""The portrait renderer: motion parameters -> frames, by warping the photo along its mesh.
+
+Per photo (once): the warp mesh and its per-pixel weights (``mesh.py``), the face rig
+(``rig.py``), the eye geometry (``eyes.py``) and the mouth textures (``mouth.py``). Per frame:
+the eyes blink / look on the source photo, the rig moves the mesh vertices, one sparse product
+gives the dense displacement of the moving box, a few fixed-point steps invert it, one
+``cv2.remap`` samples the frame, and the opened mouth is painted inside the moved inner lips.
+The warped person is laid over a still background plate (``layers.py``).
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from pipeline.core.errors import InputError
+from pipeline.models.portrait import topology as topo
+from pipeline.models.portrait.eyes import EyeWarp
+from pipeline.models.portrait.layers import PersonLayer
+from pipeline.models.portrait.mesh import (
+    FACE_TRIANGLES,
+    MOUTH_GAP,
+    N_FACE,
+    WarpMesh,
+    exact_inverse,
+    inverse_offsets,
+)
+from pipeline.models.portrait.mouth import MouthPainter
+from pipeline.models.portrait.rig import F, FaceRig
+from pipeline.studio.params import FRAME_FIELDS
+
+INVERSE_STEPS = 3
+SEAM = 5.0  # pixels over which the exact mouth maps take over from the fixed-point ones
+
+
+class PortraitRenderer:
+    """Renders frames of one framed portrait from motion parameters.
+
+    Args:
+        image: (H, W, 3) uint8 RGB framed photo.
+        landmarks: (478, 3) float32 face-mesh landmarks in the image's pixels.
+        mask: (H, W) float32 person mask in [0, 1] (1 = the person), or None to let a soft
+            region around the head and hair move.
+    """
+
+    def __init__(self, image: np.ndarray, landmarks: np.ndarray, mask: np.ndarray | None = None):
+        image = np.asarray(image)
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise InputError(
+                f"portrait image must be (H, W, 3) uint8, got {image.shape} {image.dtype}"
+            )
+        landmarks = np.asarray(landmarks, np.float32)
+        if landmarks.shape != (478, 3) or not np.isfinite(landmarks).all():
+            raise InputError(
+                f"portrait landmarks must be (478, 3) finite floats, got {landmarks.shape}"
+            )
+        h, w = image.shape[:2]
+        self.image = np.ascontiguousarray(image)
+        self.height, self.width = h, w
+        self.mesh = WarpMesh(landmarks, (h, w))
+        mask = self._person_mask(landmarks, mask)
+        ring = self.mesh.points[N_FACE : N_FACE + self.mesh.n_ring]
+        ri = np.round(ring).astype(int)
+        mobility = mask[ri[:, 1].clip(0, h - 1), ri[:, 0].clip(0, w - 1)]
+        self.rig = FaceRig(self.mesh, landmarks, h, mobility)
+        self.layer = PersonLayer(self.image, mask)
+        y0, y1, x0, x1 = self.mesh.box
+        self._grid = np.meshgrid(
+            np.arange(x0, x1, dtype=np.float32), np.arange(y0, y1, dtype=np.float32)
+        )  # the box's pixel coordinates
+        self._plate = self.layer.plate[y0:y1, x0:x1].astype(np.float32)
+        self.eyes = EyeWarp(landmarks, (h, w))
+        self.mouth = MouthPainter(self.image, landmarks)
+        self.landmarks = landmarks
+        self.mouth_triangles = self._mouth_zone()
+        self._inner_up = list(topo.LIPS_INNER_UPPER)
+        self._inner_lo = list(topo.LIPS_INNER_LOWER)
+
+    def _mouth_zone(self) -> np.ndarray:
+        """Triangles around the mouth whose inverse is rasterised exactly (the gap strip
+        first, so the lips' own triangles win on their shared edge pixels)."""
+        rig = self.rig
+        uc, vc = rig.mouth_centre
+        u, v = rig.uv[:N_FACE, 0], rig.uv[:N_FACE, 1]
+        near = (np.abs(u - uc) < 2.0 * rig.mouth_half_width) & (v > rig.uv[2, 1] - 0.02)
+        near &= v < rig.uv[topo.CHIN, 1] + 0.01
+        tris = FACE_TRIANGLES[near[FACE_TRIANGLES].all(1)]
+        gap = set(map(tuple, MOUTH_GAP))
+        is_gap = np.array([tuple(t) in gap for t in tris])
+        return np.concatenate([tris[is_gap], tris[~is_gap]])
+
+    def _person_mask(self, landmarks: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """(H, W) float32 person mask; without one, the head and the hair around it."""
+        h, w = self.height, self.width
+        if mask is None:
+            # The face oval grown to take in the hair (the first anchor ring).
+            oval = landmarks[list(topo.FACE_OVAL), :2]
+            centre = oval.mean(0)
+            m = np.zeros((h, w), np.uint8)
+            cv2.fillPoly(m, [np.round(centre + (oval - centre) * 1.3).astype(np.int32)], 255)
+            k = int(0.1 * np.ptp(oval[:, 1])) | 1
+            return cv2.GaussianBlur(m, (k, k), 0).astype(np.float32) / 255.0
+        mask = np.asarray(mask, np.float32)
+        if mask.shape != (h, w) or not np.isfinite(mask).all():
+            raise InputError(f"portrait mask must be ({h}, {w}) finite floats, got {mask.shape}")
+        return np.clip(mask, 0.0, 1.0)
+
+    def _exact_mouth(self, d: np.ndarray, mx: np.ndarray, my: np.ndarray) -> None:
+        """Overwrite the fixed-point maps around the mouth with the exact inverse (in place)."""
+        tris = self.mouth_triangles
+        if not np.any(d[tris]):
+            return
+        y0, y1, x0, x1 = self.mesh.box
+        src = self.mesh.points
+        dst = src + d
+        pts = dst[np.unique(tris)]
+        zx0, zy0 = np.floor(pts.min(0)).astype(int) - 1
+        zx1, zy1 = np.ceil(pts.max(0)).astype(int) + 2
+        zone = (max(y0, zy0), min(y1, zy1), max(x0, zx0), min(x1, zx1))
+        if zone[1] <= zone[0] or zone[3] <= zone[2]:
+            return
+        ex, ey, covered = exact_inverse(src, dst, tris, zone)
+        sub = (slice(zone[0] - y0, zone[1] - y0), slice(zone[2] - x0, zone[3] - x0))
+        # Feather the seam over a few pixels: just outside the zone the fixed-point maps are
+        # off by up to a pixel, which a hard switch would show as a doubled line of skin.
+        inner = cv2.distanceTransform(covered.astype(np.uint8), cv2.DIST_L2, 3)
+        w = np.clip(inner / SEAM, 0, 1)
+        mx[sub] = mx[sub] * (1 - w) + ex * w
+        my[sub] = my[sub] * (1 - w) + ey * w
+
+    def render(self, params: np.ndarray) -> np.ndarray:
+        """Frames for a batch of motion parameters.
+
+        Args:
+            params: (T, 16) float32 in FRAME_FIELDS order and units; all zeros = the photo.
+
+        Returns:
+            (T, H, W, 3) uint8 RGB frames.
+        """
+        params = np.asarray(params)
+        if params.ndim != 2 or params.shape[1] != len(FRAME_FIELDS):
+            raise InputError(
+                f"portrait params must be (T, {len(FRAME_FIELDS)}) in FRAME_FIELDS order, "
+                f"got shape {params.shape}"
+            )
+        if not np.isfinite(params).all():
+            raise InputError("portrait params contain NaN or infinite values")
+        params = params.astype(np.float32)
+        disp = self.rig.displacements(params)  # (T, V, 2)
+        head_only = np.zeros_like(params)
+        for name in ("yaw", "pitch", "roll", "tx", "ty"):
+            head_only[:, F[name]] = params[:, F[name]]
+        skull = self.rig.displacements(head_only)[:, self._inner_up]  # (T, 11, 2)
+        frames = np.empty((len(params), self.height, self.width, 3), np.uint8)
+        y0, y1, x0, x1 = self.mesh.box
+        oval_idx = list(topo.FACE_OVAL)
+        oval_src = self.landmarks[oval_idx, :2]
+
+        def moved_oval(d: np.ndarray) -> np.ndarray:
+            return oval_src + d[oval_idx]
+
+        for t, p in enumerate(params):
+            frame = frames[t]
+            frame[:] = self.image
+            source = self.image
+            blink, gx, gy = float(p[F["blink"]]), float(p[F["gaze_x"]]), float(p[F["gaze_y"]])
+            if blink != 0.0 or gx != 0.0 or gy != 0.0:
+                source = self.image.copy()
+                self.eyes.apply(self.image, source, float(np.clip(blink, 0, 1)), gx, gy)
+            d = disp[t]
+            if np.any(d):
+                field = self.mesh.field(d)  # (ch, cw, 2)
+                off = inverse_offsets(field, INVERSE_STEPS)
+                off = cv2.resize(off, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
+                mx, my = self._grid[0] + off[..., 0], self._grid[1] + off[..., 1]  # (bh, bw)
+                self._exact_mouth(d, mx, my)
+                warped = cv2.remap(
+                    source, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+                )
+                alpha = cv2.remap(self.layer.alpha, mx, my, cv2.INTER_LINEAR)
+                # The face itself is never see-through, whatever the mask's edge does there.
+                oval = np.round((moved_oval(d) - (x0, y0)) * 8).astype(np.int32)
+                cv2.fillPoly(alpha, [oval], 1.0, cv2.LINE_AA, 3)
+                alpha = alpha[..., None]
+                # The person over the still background plate.
+                out = self._plate + (warped.astype(np.float32) - self._plate) * alpha
+                frame[y0:y1, x0:x1] = (out + 0.5).astype(np.uint8)
+            elif source is not self.image:
+                frame[:] = source
+            moved = self.landmarks[:N_FACE, :2] + d[:N_FACE]
+            self.mouth.paint(
+                frame,
+                moved[self._inner_up].astype(np.float64),
+                moved[self._inner_lo].astype(np.float64),
+                (self.landmarks[self._inner_up, :2] + skull[t]).astype(np.float64),
+                float(np.clip(p[F["teeth"]], 0, 1)),
+                float(np.clip(p[F["tongue"]], 0, 1)),
+            )
+        return frames

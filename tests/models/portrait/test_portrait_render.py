@@ -1,0 +1,289 @@
+"""The portrait renderer: motion parameters -> frames by warping a real photo.
+
+Real framed portraits (the default, NASA's Eileen Collins, smiling with her teeth showing; Grace
+Hopper, mouth closed) through ``frame_portrait``; no trained weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from pipeline.core.errors import InputError
+from pipeline.models.portrait import topology as topo
+from pipeline.models.portrait.framing import Portrait, frame_portrait
+from pipeline.models.portrait.render import PortraitRenderer
+from pipeline.studio.params import FRAME_FIELDS
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[3]
+DEFAULT = ROOT / "pipeline/models/portrait/default_portrait.png"
+GRACE = ROOT / "tests/data/portraits/grace_hopper.jpg"
+F = {name: i for i, name in enumerate(FRAME_FIELDS)}
+
+
+def _params(n: int = 1, **fields: float | np.ndarray) -> np.ndarray:
+    p = np.zeros((n, len(FRAME_FIELDS)), np.float32)
+    for name, value in fields.items():
+        p[:, F[name]] = value
+    return p
+
+
+def _luma(img: np.ndarray) -> np.ndarray:
+    return img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+
+
+@pytest.fixture(scope="module")
+def collins() -> tuple[Portrait, PortraitRenderer]:
+    p = frame_portrait(DEFAULT, 512, 512)
+    return p, PortraitRenderer(p.image, p.landmarks, p.mask)
+
+
+@pytest.fixture(scope="module")
+def hopper() -> tuple[Portrait, PortraitRenderer]:
+    p = frame_portrait(GRACE, 512, 512)
+    return p, PortraitRenderer(p.image, p.landmarks, p.mask)
+
+
+def _mouth_box(lm: np.ndarray, pad: float = 0.6) -> tuple[slice, slice]:
+    lips = lm[list(topo.LIPS_OUTER_UPPER + topo.LIPS_OUTER_LOWER), :2]
+    (x0, y0), (x1, y1) = lips.min(0), lips.max(0)
+    w = x1 - x0
+    return slice(int(y0 - 0.3 * w), int(y1 + pad * w)), slice(int(x0 - 0.2 * w), int(x1 + 0.2 * w))
+
+
+@pytest.mark.parametrize("who", ["collins", "hopper"])
+def test_neutral_params_reproduce_the_photo(who, request):
+    # Tolerance: none. All-zero parameters give the photo bit for bit (stronger than the
+    # PSNR >= 40 dB the issue asks for).
+    p, r = request.getfixturevalue(who)
+    frames = r.render(_params(3))
+    assert frames.shape == (3, 512, 512, 3) and frames.dtype == np.uint8
+    for f in frames:
+        assert np.array_equal(f, p.image)
+
+
+@pytest.mark.parametrize("who", ["collins", "hopper"])
+def test_mouth_cavity_grows_with_mouth_open(who, request):
+    p, r = request.getfixturevalue(who)
+    opening = np.array([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], np.float32)
+    frames = r.render(_params(len(opening), mouth_open=opening, jaw=0.8 * opening))
+    box = _mouth_box(p.landmarks)
+    dark = [int((_luma(f[box]) < 70).sum()) for f in frames]
+    assert all(b > a for a, b in zip(dark, dark[1:], strict=False)), dark
+    # Wide open, the dark cavity (less teeth and tongue) is a sizeable hole.
+    lips = p.landmarks[list(topo.LIPS_OUTER_UPPER), 0]
+    assert dark[-1] - dark[0] > 0.08 * np.ptp(lips) ** 2
+
+
+def test_jaw_swings_about_a_hinge_near_the_ears(collins):
+    p, r = collins
+    d = r.rig.displacements(_params(1, jaw=1.0))[0]
+    chin = d[topo.CHIN]
+    jaw_angle = d[[172, 397]].mean(0)  # the jaw's corners, under the ears
+    nose = d[1]
+    assert chin[1] > 3.0  # pixels down
+    assert jaw_angle[1] < 0.5 * chin[1]  # near the hinge the jaw hardly moves
+    assert abs(nose[1]) < 0.05 * chin[1]  # the upper face stays
+
+
+def test_teeth_are_the_same_whatever_the_eyes_and_brows_do(collins):
+    p, r = collins
+    mouth = {"mouth_open": 0.6, "jaw": 0.5, "teeth": 1.0, "tongue": 0.3}
+    frames = r.render(
+        np.concatenate(
+            [
+                _params(1, **mouth),
+                _params(1, blink=1.0, brow_raise=1.0, **mouth),
+                _params(1, blink=0.4, brow_raise=-0.7, gaze_x=0.8, **mouth),
+            ]
+        )
+    )
+    box = _mouth_box(p.landmarks)
+    assert not np.array_equal(frames[0][box], p.image[box])  # the mouth did open
+    assert np.array_equal(frames[0][box], frames[1][box])
+    assert np.array_equal(frames[0][box], frames[2][box])
+
+
+def test_template_teeth_show_with_teeth_on_a_closed_mouth_photo(hopper):
+    p, r = hopper
+    frames = r.render(
+        np.concatenate([_params(1, mouth_open=0.7, jaw=0.5, teeth=t) for t in (0.0, 1.0)])
+    )
+    assert not r.mouth.photo_teeth  # her photo shows none: the template is used
+    box = _mouth_box(p.landmarks)
+    bright = [
+        int((_luma(f[box]) > 150).sum()) - int((_luma(p.image[box]) > 150).sum()) for f in frames
+    ]
+    assert bright[0] <= 5 < 60 < bright[1], bright
+
+
+def test_photo_teeth_are_used_where_the_photo_shows_them(collins):
+    assert collins[1].mouth.photo_teeth
+
+
+HEAD_MOTIONS = {
+    "none": {"mouth_open": 0.8, "jaw": 0.6, "teeth": 1.0, "smile": 0.5, "blink": 1.0},
+    "yaw+": {"yaw": 0.3},
+    "yaw-": {"yaw": -0.3, "mouth_open": 0.5},
+    "pitch": {"pitch": 0.2},
+    "roll": {"roll": -0.2},
+    "shift": {"tx": 0.05, "ty": -0.04},
+}
+
+
+@pytest.mark.parametrize("motion", list(HEAD_MOTIONS))
+def test_background_never_moves(collins, motion):
+    p, r = collins
+    frame = r.render(_params(1, **HEAD_MOTIONS[motion]))[0]
+    assert not np.array_equal(frame, p.image)
+    if motion == "none":
+        # Without head motion not one pixel outside the person layer changes.
+        outside = r.layer.alpha == 0
+    else:
+        # The head moves over the background (at most ~30 px here); beyond its reach the
+        # background is the photo's, bit for bit.
+        person = (p.mask > 0.5).astype(np.uint8)
+        outside = cv2.dilate(person, np.ones((65, 65), np.uint8)) == 0
+    assert outside.mean() > 0.15  # a real share of the frame is checked
+    assert np.array_equal(frame[outside], p.image[outside])
+
+
+def _eye_opening(lm: np.ndarray, upper: tuple, lower: tuple, shape) -> np.ndarray:
+    poly = np.concatenate([lm[list(upper), :2], lm[list(lower), :2][::-1]])
+    m = np.zeros(shape[:2], np.uint8)
+    cv2.fillPoly(m, [np.round(poly).astype(np.int32)], 1)
+    return cv2.erode(m, np.ones((3, 3), np.uint8)) > 0
+
+
+def test_blink_covers_the_eye_with_lid_skin(collins):
+    p, r = collins
+    open_, half, shut = r.render(_params(3, blink=np.array([0.0, 0.5, 1.0])))
+    lm = p.landmarks
+    for upper, lower, iris in (
+        (topo.RIGHT_EYE_UPPER, topo.RIGHT_EYE_LOWER, topo.RIGHT_IRIS),
+        (topo.LEFT_EYE_UPPER, topo.LEFT_EYE_LOWER, topo.LEFT_IRIS),
+    ):
+        eye = _eye_opening(lm, upper, lower, p.image.shape)
+        # The shut lid's lash line lies on the lower lid: leave those rows out of the check.
+        lash = np.zeros(p.image.shape[:2], np.uint8)
+        cv2.polylines(lash, [np.round(lm[list(lower), :2]).astype(np.int32)], False, 1, 5)
+        inner = eye & (lash == 0)
+        # The lid skin: the band just above the upper lid's lashes, in the photo.
+        band = np.zeros(p.image.shape[:2], bool)
+        top = lm[list(upper), :2]
+        width = np.linalg.norm(top[0] - top[-1])
+        for dy in range(2, int(0.3 * width)):
+            pts = np.round(top - (0, dy)).astype(int)
+            band[pts[:, 1], pts[:, 0]] = True
+        skin = _luma(p.image[band])
+        floor = np.percentile(skin, 2)
+        centre = np.round(lm[iris[0], :2]).astype(int)
+        radius = max(1, int(0.35 * np.linalg.norm(lm[iris[1], :2] - lm[iris[3], :2]) / 2))
+        disc = np.zeros(p.image.shape[:2], np.uint8)
+        cv2.circle(disc, tuple(centre), radius, 1, -1)
+        disc = disc > 0
+        # Open: the iris is much darker than the lid skin. Shut: it is gone under the lid.
+        assert _luma(open_[disc]).mean() < 0.75 * np.median(skin)
+        assert _luma(shut[disc]).mean() > 0.85 * np.median(skin)
+        # No holes: nothing in the shut eye's opening is darker than the lid skin allows
+        # (the open eye fails the same check: it has its iris and lashes).
+        assert _luma(shut[inner]).min() >= 0.8 * floor
+        assert _luma(open_[inner]).min() < 0.8 * floor
+        # Half shut: the lid is down over the top of the iris; below it the eye is untouched.
+        lid_row = 0.5 * (
+            np.interp(centre[0], *lm[list(upper), :2].T)
+            + np.interp(centre[0], *lm[list(lower), :2].T)
+        )
+        rows = np.arange(p.image.shape[0])[:, None]
+        whole = np.zeros(p.image.shape[:2], np.uint8)
+        cv2.circle(whole, tuple(centre), int(radius / 0.35), 1, -1)
+        above = (whole > 0) & eye & (rows < lid_row - 2)
+        below = (whole > 0) & eye & (rows > lid_row + 2)
+        assert above.sum() >= 3
+        assert _luma(half[above]).mean() > _luma(open_[above]).mean() + 15
+        assert below.any() and np.array_equal(half[below], open_[below])
+
+
+def _dark_x(img: np.ndarray, region: np.ndarray) -> float:
+    """Column of the darkness-weighted centre of ``region``: where the iris is."""
+    ys, xs = np.nonzero(region)
+    darkness = np.maximum(0, 255 - _luma(img[ys, xs])) ** 2
+    return float((xs * darkness).sum() / darkness.sum())
+
+
+def test_gaze_moves_the_iris_inside_the_eye(collins):
+    p, r = collins
+    left, right = r.render(_params(2, gaze_x=np.array([-1.0, 1.0])))
+    lm = p.landmarks
+    for upper, lower in (
+        (topo.RIGHT_EYE_UPPER, topo.RIGHT_EYE_LOWER),
+        (topo.LEFT_EYE_UPPER, topo.LEFT_EYE_LOWER),
+    ):
+        eye = _eye_opening(lm, upper, lower, p.image.shape)
+        assert _dark_x(right, eye) - _dark_x(left, eye) > 1.0  # pixels
+        # The lids stay where they are: outside the opening nothing moved.
+        ring = cv2.dilate(eye.astype(np.uint8), np.ones((9, 9), np.uint8)) > 0
+        outside = ring & ~cv2.dilate(eye.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
+        assert np.abs(right[outside].astype(int) - p.image[outside]).max() <= 2
+
+
+def test_render_is_deterministic_and_batch_independent(collins):
+    p, r = collins
+    t = np.linspace(0, 2, 12, dtype=np.float32)
+    params = _params(
+        12,
+        mouth_open=0.5 + 0.5 * np.sin(7 * t),
+        jaw=0.4 + 0.4 * np.sin(7 * t),
+        teeth=0.7,
+        tongue=0.3,
+        smile=0.3 * np.sin(t),
+        blink=(np.sin(5 * t) > 0.8).astype(np.float32),
+        yaw=0.15 * np.sin(2 * t),
+        pitch=0.05 * np.cos(3 * t),
+        tx=0.01 * np.sin(t),
+    )
+    params[:, F["mouth_open"]] = params[:, F["mouth_open"]].clip(0, 1)
+    a = r.render(params)
+    b = r.render(params)
+    assert np.array_equal(a, b)
+    # A frame does not depend on the batch it is rendered in.
+    assert np.array_equal(r.render(params[5:6])[0], a[5])
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        (np.zeros(16, np.float32), "(T, 16)"),
+        (np.zeros((4, 15), np.float32), "got shape (4, 15)"),
+        (np.full((2, 16), np.nan, np.float32), "NaN"),
+    ],
+)
+def test_bad_params_are_refused_with_a_clear_error(collins, params, words):
+    with pytest.raises(InputError, match=None) as err:
+        collins[1].render(params)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_inputs_to_the_renderer_are_refused(collins):
+    p, _ = collins
+    with pytest.raises(InputError, match="landmarks"):
+        PortraitRenderer(p.image, p.landmarks[:468])
+    with pytest.raises(InputError, match="uint8"):
+        PortraitRenderer(p.image.astype(np.float32), p.landmarks)
+    with pytest.raises(InputError, match="mask"):
+        PortraitRenderer(p.image, p.landmarks, p.mask[:100])
+
+
+def test_renders_without_a_person_mask(collins):
+    p, _ = collins
+    r = PortraitRenderer(p.image, p.landmarks)
+    frames = r.render(np.concatenate([_params(1), _params(1, yaw=0.2, mouth_open=0.5)]))
+    assert np.array_equal(frames[0], p.image)
+    assert not np.array_equal(frames[1], p.image)
+    corner = (slice(0, 40), slice(0, 40))
+    assert np.array_equal(frames[1][corner], p.image[corner])
