@@ -10,8 +10,15 @@ from pipeline.core.errors import ConfigError
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``train``."""
-    t = sub.add_parser("train", help="train the studio family on synthetic talking faces")
+    t = sub.add_parser("train", help="train a model family on synthetic talking faces")
     t.add_argument("--out", type=Path, required=True, help="weights + checkpoint folder")
+    t.add_argument(
+        "--family",
+        choices=["studio", "portrait"],
+        default="studio",
+        help="studio: every network on rendered clips; portrait: the motion generator only",
+    )
+    t.add_argument("--steps", type=int, help="portrait: motion generator steps")
     t.add_argument("--preset", choices=["default", "tiny"], default="default")
     t.add_argument("--data", type=Path, help="studio clips (index.jsonl); default: generate")
     t.add_argument("--clips", type=int, help="clips to generate when --data is not given")
@@ -58,6 +65,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pipeline.train.config import PHASES, TrainConfig
     from pipeline.train.trainer import train
 
+    if args.family == "portrait":
+        return _train_portrait(args)
+    if args.steps is not None:
+        raise ConfigError("--steps is for --family portrait; studio phases take --steps-<phase>")
     if args.data is not None:
         given = [f for f in ("clips", "clips_per_character") if getattr(args, f) is not None]
         if given:
@@ -91,6 +102,37 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--data {args.data} has no index.jsonl (see `talkloop studio dataset`)")
     out = train(cfg, args.out, args.data, resume=args.resume, progress=not args.quiet)
     print(f"wrote weights to {out} (use: talkloop render --weights {out} ...)")
+    return 0
+
+
+def _train_portrait(args: argparse.Namespace) -> int:
+    """``talkloop train --family portrait``: the motion generator on studio clips' parameters."""
+    from pipeline.models.portrait.train import MotionTrainConfig, train_motion
+    from pipeline.train.config import PHASES
+
+    studio_only = ["data", "clips_per_character", "resume"] + [f"steps_{p}" for p in PHASES]
+    given = [f for f in studio_only if getattr(args, f) not in (None, False)]
+    if args.preset != "default":
+        given.append("preset")
+    if given:
+        flags = ", ".join("--" + f.replace("_", "-") for f in given)
+        raise ConfigError(
+            f"{flags}: studio-only option(s); --family portrait takes --steps, "
+            "--clips, --minutes, --seed"
+        )
+    updates: dict[str, object] = {"seed": args.seed}
+    for flag, value, low in (("steps", args.steps, 0), ("clips", args.clips, 1)):
+        if value is not None:
+            if value < low:
+                raise ConfigError(f"--{flag} must be >= {low}, got {value}")
+            updates[flag] = value
+    if args.minutes is not None:
+        if args.minutes <= 0:
+            raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
+        updates["minutes"] = args.minutes
+    cfg = MotionTrainConfig.model_validate({**MotionTrainConfig().model_dump(), **updates})
+    out = train_motion(cfg, args.out, progress=not args.quiet)
+    print(f"wrote portrait motion weights to {out}")
     return 0
 
 
