@@ -191,25 +191,29 @@ def inverse_offsets(field: np.ndarray, iterations: int = 3) -> np.ndarray:
     for k in range(iterations):
         sx, sy = gx + off[..., 0] / STEP, gy + off[..., 1] / STEP
         f = cv2.remap(field, sx, sy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        rx, ry = -off[..., 0] - f[..., 0], -off[..., 1] - f[..., 1]  # p - s - field(s)
-        res = rx * rx + ry * ry
+        r = -off - f  # (h, w, 2) p - s - field(s)
+        res = r[..., 0] ** 2 + r[..., 1] ** 2
         if best_res is None:
             best, best_res = off, res
         else:
             # Where the warp folds there is no exact inverse and the steps wander: keep the
             # best guess each point has seen.
-            better = (res < best_res)[..., None]
-            best, best_res = np.where(better, off, best), np.minimum(res, best_res)
+            better = res < best_res
+            best = np.where(better[..., None], off, best)
+            best_res = np.minimum(res, best_res)
         if k == iterations - 1:
             break
         j = cv2.remap(jac, sx, sy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        a, b, c, d = 1 + j[..., 0], j[..., 1], j[..., 2], 1 + j[..., 3]
+        a, b, c, d = j[..., 0] + 1, j[..., 1], j[..., 2], j[..., 3] + 1
         det = a * d - b * c
-        ok = det > 0.15
-        inv = np.where(ok, 1 / np.where(ok, det, 1), 0)
-        step_x = np.where(ok, (d * rx - b * ry) * inv, 0.5 * rx)
-        step_y = np.where(ok, (a * ry - c * rx) * inv, 0.5 * ry)
-        off = off + np.stack([step_x, step_y], -1)
+        # Newton where the warp is locally invertible; half the residual where it folds.
+        inv = 1.0 / np.maximum(det, 0.15)
+        fold = det <= 0.15
+        step = np.empty_like(r)
+        step[..., 0] = (d * r[..., 0] - b * r[..., 1]) * inv
+        step[..., 1] = (a * r[..., 1] - c * r[..., 0]) * inv
+        step[fold] = 0.5 * r[fold]
+        off = off + step
     off = best
     return off.astype(np.float32)
 

@@ -46,7 +46,7 @@ def _tooth_pattern(t: np.ndarray) -> np.ndarray:
     seams = np.array([0.0, 0.2, 0.36, 0.5, 0.62, 0.73, 0.83])
     seams = np.concatenate([-seams[:0:-1], seams])
     d = np.min(np.abs(t[..., None] - seams), axis=-1)
-    return 1.0 - 0.22 * np.exp(-((d / 0.012) ** 2))
+    return 1.0 - 0.16 * np.exp(-((d / 0.009) ** 2))
 
 
 class MouthPainter:
@@ -152,16 +152,16 @@ class MouthPainter:
         shade = (1 - 0.5 * np.clip(t_up, -1, 1) ** 2) * (1 - 0.5 * np.clip(near_lip, 0, 1))
         img = self.cavity_rgb[None, None] * shade[..., None]
         # Tongue: a mound on the floor of the mouth, rising with ``tongue``.
-        t_top = (0.18 + 0.42 * tongue) * max(gap_now, 1.0)
-        tongue_a = np.clip(t_top * (1 - (t_lo / 0.72) ** 2) - above_lo + 0.5, 0, 1)
+        t_top = (0.12 + 0.38 * tongue) * max(gap_now, 1.0)
+        tongue_a = np.clip(t_top * (1 - (t_lo / 0.6) ** 2) - above_lo + 0.5, 0, 1)
         tongue_shade = 0.75 + 0.25 * np.clip(above_lo / max(t_top, 1.0), 0, 1)
         tongue_rgb = self.tongue_rgb[None, None] * (tongue_shade * (1 - 0.3 * t_lo**2))[..., None]
         img = _over(img, tongue_rgb, tongue_a)
         # Lower teeth: a row standing on the lower lip, from the jaw.
-        lower_h = teeth * min(0.22 * max(gap_now, 0.0), 0.16 * scale)
+        lower_h = teeth * min(0.14 * max(gap_now, 0.0), 0.1 * scale)
         lower_a = np.clip(lower_h - above_lo + 0.5, 0, 1) * np.clip((0.65 - np.abs(t_lo)) * 6, 0, 1)
         lower_a *= np.clip(above_lo + 0.5, 0, 1)
-        lower_rgb = self._teeth(t_lo, above_lo, max(lower_h, 1.0), 0.88)
+        lower_rgb = self._teeth(t_lo, above_lo, max(lower_h, 1.0), 0.95)
         img = _over(img, lower_rgb, lower_a)
         # Upper teeth from the template where the photo shows none.
         if not self.photo_teeth:

@@ -68,7 +68,7 @@ class PortraitRenderer:
         self._grid = np.meshgrid(
             np.arange(x0, x1, dtype=np.float32), np.arange(y0, y1, dtype=np.float32)
         )  # the box's pixel coordinates
-        self._plate = self.layer.plate[y0:y1, x0:x1].astype(np.float32)
+        self._plate = np.ascontiguousarray(self.layer.plate[y0:y1, x0:x1])
         self.eyes = EyeWarp(landmarks, (h, w))
         self.mouth = MouthPainter(self.image, landmarks)
         self.landmarks = landmarks
@@ -168,12 +168,17 @@ class PortraitRenderer:
                 source = self.image.copy()
                 self.eyes.apply(self.image, source, float(np.clip(blink, 0, 1)), gx, gy)
             d = disp[t]
+            moved = self.landmarks[:N_FACE, :2] + d[:N_FACE]
+            up, lo = moved[self._inner_up], moved[self._inner_lo]
+            # Lips further apart than in the photo: the gap needs the exact inverse and paint.
+            opened = float(np.linalg.norm(up[5] - lo[5])) > self.mouth.gap + 0.25
             if np.any(d):
                 field = self.mesh.field(d)  # (ch, cw, 2)
                 off = inverse_offsets(field, INVERSE_STEPS)
                 off = cv2.resize(off, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
                 mx, my = self._grid[0] + off[..., 0], self._grid[1] + off[..., 1]  # (bh, bw)
-                self._exact_mouth(d, mx, my)
+                if opened:
+                    self._exact_mouth(d, mx, my)
                 warped = cv2.remap(
                     source, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
                 )
@@ -181,17 +186,16 @@ class PortraitRenderer:
                 # The face itself is never see-through, whatever the mask's edge does there.
                 oval = np.round((moved_oval(d) - (x0, y0)) * 8).astype(np.int32)
                 cv2.fillPoly(alpha, [oval], 1.0, cv2.LINE_AA, 3)
-                alpha = alpha[..., None]
                 # The person over the still background plate.
-                out = self._plate + (warped.astype(np.float32) - self._plate) * alpha
-                frame[y0:y1, x0:x1] = (out + 0.5).astype(np.uint8)
+                frame[y0:y1, x0:x1] = cv2.blendLinear(warped, self._plate, alpha, 1.0 - alpha)
             elif source is not self.image:
                 frame[:] = source
-            moved = self.landmarks[:N_FACE, :2] + d[:N_FACE]
+            if not opened:
+                continue  # the warp already shows the photo's own mouth, moved
             self.mouth.paint(
                 frame,
-                moved[self._inner_up].astype(np.float64),
-                moved[self._inner_lo].astype(np.float64),
+                up.astype(np.float64),
+                lo.astype(np.float64),
                 (self.landmarks[self._inner_up, :2] + skull[t]).astype(np.float64),
                 float(np.clip(p[F["teeth"]], 0, 1)),
                 float(np.clip(p[F["tongue"]], 0, 1)),
