@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 
 from pipeline.models.portrait import topology as topo
+from pipeline.models.portrait.face import head_pose
 from pipeline.models.portrait.mesh import N_FACE, WarpMesh
 from pipeline.studio.params import FRAME_FIELDS
 
@@ -39,11 +40,24 @@ CHEEK_LIFT = 0.018
 ROUND_NARROW = 0.3
 ROUND_PART = 0.012
 BROW_LIFT = 0.035
+# A warp cannot show what the photo hides: a face already turned in the photo turns less, and
+# the total turn (photo + parameter) eases off towards YAW_LIMIT. Beyond that the nose folds
+# over the far cheek.
+YAW_LIMIT = 0.5  # rad, about 29 degrees
+YAW_DAMP = 0.8  # parameter yaw scaled by 1 - |photo yaw| / YAW_DAMP (at most by 0.6)
 
 
 def _smoothstep(x: np.ndarray) -> np.ndarray:
     x = np.clip(x, 0.0, 1.0)
     return x * x * (3.0 - 2.0 * x)
+
+
+def _ease(total: np.ndarray) -> np.ndarray:
+    """Total head yaw eased towards +-YAW_LIMIT: unchanged up to 80 % of it."""
+    knee = 0.8 * YAW_LIMIT
+    over = np.maximum(np.abs(total) - knee, 0.0)
+    soft = np.minimum(np.abs(total), knee) + 0.2 * YAW_LIMIT * np.tanh(over / (0.2 * YAW_LIMIT))
+    return np.sign(total) * soft
 
 
 class FaceRig:
@@ -173,12 +187,19 @@ class FaceRig:
             dist = cv2.pointPolygonTest(oval, (float(u[i] * 1000), float(v[i] * 1000)), True)
             edge[i] = 0.35 + 0.65 * _smoothstep(max(dist, 0.0) / 1000 / 0.15)
         self.turn_u = edge
+        self.photo_yaw = float(head_pose(landmarks)[0])
         # Pivot of the head: behind the face, a little below its centre (the neck's top).
         self.pivot = np.array([0.0, 0.15, 0.45])
 
     @staticmethod
     def _half_width(uv: np.ndarray, contour: tuple[int, ...]) -> float:
         return float(abs(uv[contour[-1], 0] - uv[contour[0], 0]) / 2)
+
+    def effective_yaw(self, yaw: np.ndarray) -> np.ndarray:
+        """The turn the warp can show for a requested yaw, given how the photo is turned."""
+        y0 = self.photo_yaw
+        yaw = yaw * (1 - min(abs(y0) / YAW_DAMP, 0.6))
+        return _ease(y0 + yaw) - _ease(np.asarray(y0))  # 0 stays 0: neutral is the photo
 
     def displacements(self, params: np.ndarray) -> np.ndarray:
         """Vertex displacements for a batch of frames.
@@ -215,7 +236,8 @@ class FaceRig:
         pu = u + e_u - self.pivot[0]
         pv = v + e_v - self.pivot[1]
         pz = self.z[None] + e_z - self.pivot[2]
-        cy, sy = np.cos(col["yaw"]), np.sin(col["yaw"])
+        yaw = self.effective_yaw(col["yaw"])
+        cy, sy = np.cos(yaw), np.sin(yaw)
         cp, sp = np.cos(col["pitch"]), np.sin(col["pitch"])
         cr, sr = np.cos(col["roll"]), np.sin(col["roll"])
         # Yaw about the vertical axis (nose to the image right for yaw > 0), then pitch (nose

@@ -287,3 +287,16 @@ def test_renders_without_a_person_mask(collins):
     assert not np.array_equal(frames[1], p.image)
     corner = (slice(0, 40), slice(0, 40))
     assert np.array_equal(frames[1][corner], p.image[corner])
+
+
+def test_a_turned_photo_turns_less_and_not_past_the_limit():
+    p = frame_portrait(ROOT / "tests/data/portraits/luispedro.jpg", 512, 512)
+    r = PortraitRenderer(p.image, p.landmarks, p.mask)
+    assert r.rig.photo_yaw < -0.3  # a three-quarter view, nose to the image left
+    yaw = np.array([-0.3, -0.1, 0.0, 0.1, 0.3])
+    eff = r.rig.effective_yaw(yaw)
+    assert eff[2] == 0.0 and np.all(np.diff(eff) > 0)  # monotonic, neutral untouched
+    assert abs(r.rig.photo_yaw + eff[0]) < 0.5  # further into the turn: eased off at the limit
+    assert abs(eff[0]) < 0.1 < eff[-1] < 0.3  # back towards the camera: allowed, damped
+    frames = r.render(_params(2, yaw=np.array([0.0, -0.3])))
+    assert np.array_equal(frames[0], p.image)
