@@ -31,13 +31,19 @@ def parse_size(text: str) -> tuple[int, int]:
     raise argparse.ArgumentTypeError(f"size must look like 256 or 320x256, got {text!r}")
 
 
+SIZE_HELP = (
+    "512 or WxH, multiples of 32 from 64 to 1024 (default: the family's own size, studio "
+    "256x256, portrait 512x512). Other sizes run, but the weights were not trained for them: "
+    "expect a degraded, less animated face (a warning says so; README, Sizes)"
+)
+
+
 def add_video_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--size",
         type=parse_size,
         default=None,
-        help="512 or WxH, multiples of 32 (default: the family's own size, studio 256x256, "
-        "portrait 512x512)",
+        help=SIZE_HELP,
     )
     p.add_argument("--fps", type=int, default=25)
     p.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
@@ -102,8 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--size",
         type=parse_size,
         default=None,
-        help="512 or WxH, multiples of 32 (default: the family's own size, studio 256x256, "
-        "portrait 512x512)",
+        help=SIZE_HELP,
     )
     r.add_argument("--fps", type=int, default=25)
     r.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")

@@ -28,6 +28,7 @@ import torch
 from pipeline.core.config import FAMILIES, ModelConfig, TalkloopConfig
 from pipeline.core.errors import ConfigError, WeightsMissingError
 from pipeline.core.module import Module
+from pipeline.models.sizes import warn_unless_native_size
 
 if TYPE_CHECKING:
     from pipeline.core.graph import Phase
@@ -42,6 +43,7 @@ def family(name: str) -> ModuleType:
 
 def load_modules(config: TalkloopConfig) -> dict[str, Module]:
     """Build the configured family's modules (see the module docstring)."""
+    warn_unless_native_size(config)  # once: weights trained at 256 do not make a 512 face
     return family(config.model.family).load_modules(config)
 
 
