@@ -20,7 +20,7 @@ from pipeline.models.portrait import topology as topo
 N_FACE = 468  # mesh points; the irises (468..477) are moved by the eye warp, not the mesh
 RING_SCALES = (1.3, 1.75)  # anchor rings: the face oval scaled about its centre
 BORDER_STEP = 64  # pixels between frame-border anchors
-STEP = 2  # the displacement field lives on a grid this many pixels apart (it is smooth)
+STEP = 4  # the displacement field lives on a grid this many pixels apart (it is smooth)
 
 
 def _strip(upper: tuple[int, ...], lower: tuple[int, ...]) -> list[tuple[int, int, int]]:
