@@ -89,7 +89,12 @@ class MouthPainter:
         if self.photo_teeth:
             self.teeth_rgb = np.median(pix[bright], 0)
         else:
-            self.teeth_rgb = TEMPLATE_TEETH * np.clip(skin_l / 165.0, 0.6, 1.05)
+            # Lit like the face and tinted by the photo's white balance (the skin's cast).
+            skin_rgb = np.median(cheeks, 0) if len(cheeks) else np.full(3, skin_l)
+            cast = (skin_rgb / max(skin_rgb.mean(), 1.0)) ** 0.35
+            self.teeth_rgb = np.clip(
+                TEMPLATE_TEETH * cast * np.clip(skin_l / 165.0, 0.6, 1.05), 0, 255
+            )
         light = np.clip(skin_l / 175.0, 0.5, 1.1)
         self.cavity_rgb = CAVITY * light
         self.tongue_rgb = 0.5 * TONGUE * light + 0.5 * lip_rgb * 0.9
