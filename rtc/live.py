@@ -90,6 +90,10 @@ class LiveSession:
         self.audio_track.stop()
         self.video_track.stop()
         await self.avatar.close()
+        # A call that never started (no offer, no microphone) never ran the generation loop,
+        # which is what closes the sinks: its mirrors (a KVS uploader thread and connection)
+        # would run on. Closing is idempotent, and off the loop as a mirror drains when closed.
+        await asyncio.to_thread(self.avatar.session.close)
 
     # -- control -----------------------------------------------------------------------------------
 

@@ -238,3 +238,36 @@ def test_a_slot_stays_taken_while_its_mirror_drains(pipeline) -> None:
     refused, accepted = run(with_server(pipeline, body))
     assert refused["code"] == "busy"
     assert accepted["type"] == "session" and [slot for slot, _ in made] == [1, 1]
+
+
+class RecordingMirror:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def open(self, info) -> None:
+        self.events.append("open")
+
+    def write(self, video, audio) -> None:
+        pass
+
+    def close(self) -> None:
+        self.events.append("close")
+
+    def abort(self) -> None:
+        self.events.append("abort")
+
+
+def test_a_session_that_never_started_closes_its_mirrors(pipeline) -> None:
+    mirror = RecordingMirror()
+
+    async def body(server, ws_url, http):
+        server.mirror_factory = lambda slot: [mirror]
+        async with websockets.connect(ws_url) as ws:  # the page opens a session, no call follows
+            await ws.recv()
+        for _ in range(100):
+            if not server.sessions and not server._draining:
+                break
+            await asyncio.sleep(0.05)
+
+    run(with_server(pipeline, body))
+    assert mirror.events == ["open", "close"]
