@@ -31,6 +31,14 @@ from pipeline.studio.params import FRAME_FIELDS
 
 INVERSE_STEPS = 3
 SEAM = 5.0  # pixels over which the exact mouth maps take over from the fixed-point ones
+# The documented range of every field (FRAME_FIELDS); translations are held to a quarter of
+# the frame height, which is already far more than a talking head moves.
+_UNIT = ("mouth_open", "mouth_round", "teeth", "tongue", "jaw", "blink")
+_RANGE = {name: (0.0, 1.0) if name in _UNIT else (-1.0, 1.0) for name in FRAME_FIELDS}
+_RANGE.update(yaw=(-0.35, 0.35), pitch=(-0.35, 0.35), roll=(-0.35, 0.35))
+_RANGE.update(tx=(-0.25, 0.25), ty=(-0.25, 0.25))
+PARAM_LOW = np.array([_RANGE[name][0] for name in FRAME_FIELDS], np.float32)
+PARAM_HIGH = np.array([_RANGE[name][1] for name in FRAME_FIELDS], np.float32)
 
 
 class PortraitRenderer:
@@ -145,7 +153,8 @@ class PortraitRenderer:
             )
         if not np.isfinite(params).all():
             raise InputError("portrait params contain NaN or infinite values")
-        params = params.astype(np.float32)
+        # A motion model may overshoot: hold every field to its documented range.
+        params = np.clip(params.astype(np.float32), PARAM_LOW, PARAM_HIGH)
         disp = self.rig.displacements(params)  # (T, V, 2)
         head_only = np.zeros_like(params)
         for name in ("yaw", "pitch", "roll", "tx", "ty"):

@@ -300,3 +300,10 @@ def test_a_turned_photo_turns_less_and_not_past_the_limit():
     assert abs(eff[0]) < 0.1 < eff[-1] < 0.3  # back towards the camera: allowed, damped
     frames = r.render(_params(2, yaw=np.array([0.0, -0.3])))
     assert np.array_equal(frames[0], p.image)
+
+
+def test_parameters_out_of_range_are_held_to_their_range(collins):
+    _, r = collins
+    inside = _params(1, mouth_open=1.0, smile=-1.0, yaw=0.35, tx=0.25, blink=0.0)
+    beyond = _params(1, mouth_open=3.0, smile=-5.0, yaw=2.0, tx=1.0, blink=-1.0)
+    assert np.array_equal(r.render(beyond), r.render(inside))
