@@ -3,9 +3,11 @@
 The 468 face-mesh points are triangulated with mediapipe's own tesselation (so no triangle jumps
 the lip line), its eye and mouth holes filled with strips between the lids / lips; outside the
 face oval a Delaunay triangulation joins the oval to two rings of anchors (hair, neck,
-shoulders) and to anchors on the frame border, which never move. Every pixel of the region that
-can move gets its barycentric weights over the three corners of its triangle once per photo, as
-one sparse matrix: a frame's displacement field is then a single sparse product.
+shoulders) and to anchors on the frame border, which never move. Every point of a coarse grid
+(``STEP`` pixels apart) over the region that can move gets its barycentric weights over the
+three corners of its triangle once per photo, as one sparse matrix: a frame's displacement
+field is then a single sparse product (the field is smooth; where it is not, at the parting
+lips, ``exact_inverse`` rasterises the moved triangles at full resolution).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ FACE_TRIANGLES = np.concatenate(
 
 
 class WarpMesh:
-    """Vertices, triangles and per-pixel barycentric weights of one photo's warp mesh.
+    """Vertices, triangles and grid barycentric weights of one photo's warp mesh.
 
     Args:
         landmarks: (478, 3) face-mesh points in the photo's pixels.
@@ -53,8 +55,8 @@ class WarpMesh:
 
     Attributes:
         points: (V, 2) float32 vertex positions; the first 468 are the face mesh, then
-            ``ring_index`` rows of ring anchors, then the border anchors.
-        ring: (R,) int ring number per anchor row (1, 2) for the ring anchors.
+            ``n_ring`` ring anchors, then ``n_border`` border anchors.
+        ring: (n_ring,) int which ring (1 inner, 2 outer) each ring anchor belongs to.
         box: (y0, y1, x0, x1) the region whose pixels can move (everything else is static).
     """
 
@@ -109,7 +111,7 @@ class WarpMesh:
         x0, y0 = np.floor(moving.min(0)).astype(int) - 2
         x1, y1 = np.ceil(moving.max(0)).astype(int) + 3
         self.box = (max(0, y0), min(h, y1), max(0, x0), min(w, x1))
-        self.weights = self._barycentric()  # (h*w of box, V) csr
+        self.weights = self._barycentric()  # (grid points of the box, V) csr
 
     def _barycentric(self) -> sparse.csr_matrix:
         """Weights of the coarse grid (every ``STEP``-th pixel of the box) over the vertices."""

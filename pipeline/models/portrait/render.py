@@ -1,11 +1,12 @@
 """The portrait renderer: motion parameters -> frames, by warping the photo along its mesh.
 
-Per photo (once): the warp mesh and its per-pixel weights (``mesh.py``), the face rig
-(``rig.py``), the eye geometry (``eyes.py``) and the mouth textures (``mouth.py``). Per frame:
-the eyes blink / look on the source photo, the rig moves the mesh vertices, one sparse product
-gives the dense displacement of the moving box, a few fixed-point steps invert it, one
-``cv2.remap`` samples the frame, and the opened mouth is painted inside the moved inner lips.
-The warped person is laid over a still background plate (``layers.py``).
+Per photo (once): the warp mesh and its grid weights (``mesh.py``), the face rig (``rig.py``),
+the eye geometry (``eyes.py``), the mouth textures (``mouth.py``) and the person layer with its
+background plate (``layers.py``). Per frame: the eyes blink / look on the source photo, the rig
+moves the mesh vertices, one sparse product gives the displacement of the moving box on a
+coarse grid, Newton steps invert it (around parted lips the moved triangles are rasterised
+exactly instead), one ``cv2.remap`` samples the frame, the warped person is laid over the
+still background plate, and the opened mouth is painted inside the moved inner lips.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ tilt with the face:
   on top of that; width / smile / round move the lip corners, a smile also lifts the cheeks;
 - brows: brows and forehead slide up, the lid skin below them stretches;
 - head pose: the displaced face points rotate in 3-D about a pivot behind the face (the
-  landmarks' z gives the depth), and shift by tx / ty; hair anchors follow partly, the neck less,
-  the frame border not at all.
+  landmarks' z gives the depth), and shift by tx / ty; hair anchors follow partly, the neck and
+  the clothes not at all, nor the frame border. Sideways the face's outline turns less than its
+  middle (a turning head keeps its silhouette), and a photo already turned turns less.
 
 Blinks and gaze are not mesh motions (the lid covers the eye, it does not squash it): see
 ``eyes.py``.
