@@ -100,6 +100,9 @@ def run_worker(spec: dict, module: str = "pipeline.bench.worker", netns: bool = 
 
 
 def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
+    from pipeline.models.sizes import warn_unless_native_size
+
+    warn_unless_native_size(config)  # here too: the runs' own logs are only shown if they fail
     if args.live:
         return cmd_bench_live(args, config)
     durations = parse_durations(args.durations)
