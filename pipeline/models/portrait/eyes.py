@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.models.portrait import topology as topo
 
-LID_SKIN = 0.35  # height of the stretched lid skin, in eye widths
+LID_SKIN = 0.28  # height of the stretched lid skin, in eye widths (less bends glasses less)
 GAZE_X = 0.14  # content shift at gaze 1, in eye widths
 GAZE_Y = 0.07
 LASH_SHADOW = 0.18
