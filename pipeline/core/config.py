@@ -7,16 +7,27 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.core.errors import ConfigError
 
-SIZE_STEP = (
-    32  # VAE x8, A2V works at half the latent resolution, patch 2: sizes are multiples of 32
-)
-MIN_SIZE, MAX_SIZE = 64, 1024
+
+class SizeRule(NamedTuple):
+    """The frame sizes a family can make: a multiple of ``step`` from ``low`` to ``high``."""
+
+    step: int
+    low: int
+    high: int
+
+
+SIZE_RULES = {
+    # VAE x8, the A2V works at half the latent resolution with patch 2: multiples of 32.
+    "studio": SizeRule(32, 64, 1024),
+    # The photo is warped at any size; H.264 codes 16-pixel macroblocks (720x1280 phones).
+    "portrait": SizeRule(16, 128, 1920),
+}
 
 
 @functools.cache
@@ -67,15 +78,15 @@ class VideoConfig(_Strict):
     height: int = Field(256, description="output height in pixels")
     fps: int = Field(25, ge=1, le=60, description="frames per second")
 
-    @model_validator(mode="after")
-    def _check_size(self) -> VideoConfig:
+    def check_size(self, family: str) -> None:
+        """Raise ValueError unless both sides suit ``family`` (``SIZE_RULES``)."""
+        rule = SIZE_RULES[family]
         for name, value in (("width", self.width), ("height", self.height)):
-            if not (MIN_SIZE <= value <= MAX_SIZE) or value % SIZE_STEP:
+            if not (rule.low <= value <= rule.high) or value % rule.step:
                 raise ValueError(
-                    f"unsupported {name} {value}: use a multiple of {SIZE_STEP} "
-                    f"between {MIN_SIZE} and {MAX_SIZE} (e.g. 256)"
+                    f"unsupported {name} {value} for the {family} family: use a multiple of "
+                    f"{rule.step} between {rule.low} and {rule.high}"
                 )
-        return self
 
 
 class AudioConfig(_Strict):
@@ -230,6 +241,11 @@ class TalkloopConfig(_Strict):
     model: ModelConfig = ModelConfig()
     output: OutputConfig = OutputConfig()
     seed: int = Field(0, ge=0, lt=2**63, description="noise seed")
+
+    @model_validator(mode="after")
+    def _check_size(self) -> TalkloopConfig:
+        self.video.check_size(self.model.family)
+        return self
 
 
 def build_config(**overrides: object) -> TalkloopConfig:
