@@ -115,7 +115,8 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     out.mkdir(parents=True, exist_ok=True)
     machine = machine_info(config.model.compute_dtype)
     print(
-        f"talkloop bench: preset={config.model.preset} {config.video.width}x{config.video.height} "
+        f"talkloop bench: family={config.model.family} preset={config.model.preset} "
+        f"{config.video.width}x{config.video.height} "
         f"@{config.video.fps} fps, steps={config.sampler.steps}, dtype={config.model.compute_dtype}, "
         f"cpus={machine['cpus']} ({machine['cpu_model']})",
         flush=True,
@@ -172,7 +173,8 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
     }
     where = "a private network namespace" if netns else "this host's network"
     print(
-        f"talkloop bench --live: {args.seconds:g} s call, preset={config.model.preset}, "
+        f"talkloop bench --live: {args.seconds:g} s call, family={config.model.family}, "
+        f"preset={config.model.preset}, "
         f"schedule={cfg['schedule']}, steps={cfg['sampler']['steps']}/{cfg['sampler']['i_steps']}, "
         f"in {where}",
         flush=True,
