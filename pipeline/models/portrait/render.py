@@ -178,6 +178,10 @@ class PortraitRenderer:
                 source = self.image.copy()
                 self.eyes.apply(self.image, source, float(np.clip(blink, 0, 1)), gx, gy)
             d = disp[t]
+            if np.abs(d).max() < 1e-3:
+                # Below a thousandth of a pixel (rounding in the pose rotation) nothing moves:
+                # cv2.remap would sample the same pixels; skip the warp.
+                d = np.zeros_like(d)
             moved = self.landmarks[:N_FACE, :2] + d[:N_FACE]
             up, lo = moved[self._inner_up], moved[self._inner_lo]
             # Lips further apart than in the photo: the gap needs the exact inverse and paint.
