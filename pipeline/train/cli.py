@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from pipeline.core.errors import ConfigError
@@ -145,6 +146,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise ConfigError(f"--clips must be >= 1, got {args.clips}")
     if args.minutes <= 0:
         raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
+    if args.family == "portrait":
+        return _eval_portrait(args)
     config = config_from_args(args)
     result = evaluate(
         config, args.out, clips=args.clips, minutes=args.minutes, progress=not args.quiet
@@ -158,4 +161,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if result["weights"] is None:
             raise ConfigError("--card needs trained weights (--weights DIR or installed ones)")
         print(f"wrote {write_model_card(Path(str(result['weights'])), result)}")
+    return 0
+
+
+def _eval_portrait(args: argparse.Namespace) -> int:
+    """``talkloop eval --family portrait``: the motion net's parameters against the studio's
+    exact ones on held-out clips (lip sync, prompts, seams, pauses)."""
+    from pipeline.models.portrait.evaluate import evaluate_motion
+    from pipeline.models.portrait.family import INSTALLED_WEIGHTS, installed_weights
+
+    if args.card:
+        raise ConfigError("--card is for the studio family")
+    folder = args.weights or installed_weights()
+    if folder is None:
+        raise ConfigError(
+            f"no portrait weights installed ({INSTALLED_WEIGHTS}); pass --weights DIR"
+        )
+    result = evaluate_motion(folder, args.out, clips=args.clips, progress=not args.quiet)
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (dict, list))}))
+    print(f"wrote {args.out / 'eval.json'} and {args.out / 'eval.png'}")
     return 0
