@@ -39,9 +39,10 @@ LIVE_SAMPLER = {"steps": 2, "i_steps": 1}
 
 def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
     """Apply the live schedule (unless the caller set one) and, unless ``sampler_given``, the
-    live sampler steps."""
+    live sampler steps (studio only: the portrait family's motion net costs well under a
+    millisecond a frame, so it keeps its offline steps)."""
     out = {**base, "schedule": {**LIVE_SCHEDULE, **base.get("schedule", {})}}
-    if not sampler_given:
+    if not sampler_given and base.get("model", {}).get("family", "studio") == "studio":
         out["sampler"] = {**base.get("sampler", {}), **LIVE_SAMPLER}
     return out
 
