@@ -41,6 +41,8 @@ CHEEK_LIFT = 0.018
 ROUND_NARROW = 0.3
 ROUND_PART = 0.012
 BROW_LIFT = 0.035
+CORNER_JAW = 0.3  # how much of the jaw's drop the mouth corners take
+CORNER_STEP = 0.32  # smoothstep offset giving about CORNER_JAW on the line through the corners
 # A warp cannot show what the photo hides: a face already turned in the photo turns less, and
 # the total turn (photo + parameter) eases off towards YAW_LIMIT. Beyond that the nose folds
 # over the far cheek.
@@ -108,10 +110,13 @@ class FaceRig:
         order = np.argsort(mid[:, 0])
         lip_line = np.interp(u, mid[order, 0], mid[order, 1])
         thick = 0.015 + 1.5 * np.maximum(0.0, np.abs(du) - 0.8 * wh)
-        lower = _smoothstep((v - lip_line) / (2 * thick) + 0.5)
+        # The mouth's corners (and the skin beside them) follow the jaw only by CORNER_JAW: an
+        # opening mouth parts in the middle; corners that dropped with the chin would shear
+        # the upper lip beside them.
+        lower = _smoothstep((v - lip_line) / (2 * thick) + CORNER_STEP)
         face = np.arange(n_vert) < N_FACE
         lower = np.where(face, lower, 0.0)
-        # On the lips the opening tapers to the corners (where both lips meet, halfway).
+        # On the lips the opening tapers to the corners, where both lips meet.
         for contours, half in (
             ((topo.LIPS_INNER_UPPER, topo.LIPS_INNER_LOWER), wh),
             (
@@ -122,7 +127,8 @@ class FaceRig:
             for contour, sign in zip(contours, (-1.0, 1.0), strict=True):
                 idx = list(contour)
                 taper = np.clip(1 - (du[idx] / half) ** 2, 0, 1) ** 0.75
-                lower[idx] = 0.5 + 0.5 * sign * taper
+                base = CORNER_JAW + (1 - CORNER_JAW) * taper
+                lower[idx] = base if sign > 0 else CORNER_JAW * (1 - taper) ** 3
         self.lower = lower
 
         # Jaw hinge: at the ears' height and behind the face.

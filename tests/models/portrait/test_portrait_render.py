@@ -143,8 +143,10 @@ def test_background_never_moves(collins, motion):
     frame = r.render(_params(1, **HEAD_MOTIONS[motion]))[0]
     assert not np.array_equal(frame, p.image)
     if motion == "none":
-        # Without head motion not one pixel outside the person layer changes.
-        outside = r.layer.alpha == 0
+        # Without head motion not one pixel beyond the person layer changes (the layer's own
+        # edge may move a pixel where the jaw line, the outline, moves).
+        layer = (r.layer.alpha > 0).astype(np.uint8)
+        outside = cv2.dilate(layer, np.ones((5, 5), np.uint8)) == 0
     else:
         # The head moves over the background (at most ~30 px here); beyond its reach the
         # background is the photo's, bit for bit.
