@@ -71,6 +71,8 @@ def decode_message(raw: str, types: tuple[str, ...]) -> dict[str, Any]:
         raise ProtocolError(
             "bad_json", f"message is not valid JSON: {err.msg} at position {err.pos}"
         ) from None
+    except RecursionError:  # "[[[[..." deeper than the parser's stack: not a message of ours
+        raise ProtocolError("bad_json", "message is nested too deeply to be read") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("bad_message", 'a message must be a JSON object with a string "type"')
     if msg["type"] not in types:

@@ -26,6 +26,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Executor
 
 import av
 import numpy as np
@@ -44,6 +45,9 @@ log = logging.getLogger("talkloop.agent")
 
 BLOCK_S = 0.02  # driver tick and audio output frame: 20 ms, what WebRTC and Opus use
 MAX_CUTS = 64  # interrupts remembered for withholding frames (older frames are long gone)
+# Lines of built-in TTS waiting behind the one being spoken; one more is refused with BusyError.
+# A session speaks one line at a time anyway; a deeper queue only lets one client hold espeak.
+MAX_QUEUED_SAYS = 3
 
 
 def default_playout_s(pipeline: Pipeline) -> float:
@@ -118,6 +122,8 @@ class AvatarSession:
         clock: time source; ``ManualClock`` in tests.
         name: used in thread names and logs.
         mirrors: extra sinks that get a copy of the stream (e.g. a KvsSink); they must not block.
+        executor: runs the built-in TTS and the blocking parts of closing; None: the loop's
+            default executor (a server passes its own, so media encoding never waits on them).
     """
 
     def __init__(
@@ -129,8 +135,10 @@ class AvatarSession:
         clock: Clock | None = None,
         name: str = "avatar",
         mirrors: Sequence[Sink] = (),
+        executor: Executor | None = None,
     ) -> None:
         self.config = config = config or AvatarConfig()
+        self.executor = executor
         self.pipeline = pipeline
         self.name = name
         info = self.info = pipeline.info
@@ -161,8 +169,12 @@ class AvatarSession:
             max_pending_s=config.max_pending_speech_s,
         )
         self.listeners: list[Callable[[PlaybackEvent], None]] = []
+        # Called once, on the event loop, if generation fails (the session is then dead: its
+        # video would hold the last frame forever). Not called for a close.
+        self.failure_listeners: list[Callable[[BaseException], None]] = []
         self._resamplers: dict[str, _Resampler] = {}  # per source
         self._say_tasks: set[asyncio.Task] = set()
+        self._last_say: asyncio.Task | None = None  # the newest line; the next one waits for it
         self._cuts: dict[int, int] = {}  # audio epoch -> first sample it silenced
         self._epoch = 0
         self._audio_next = 0  # next sample the audio output emits
@@ -176,6 +188,8 @@ class AvatarSession:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._generate, name=f"gen-{name[:6]}", daemon=True)
         self._tasks: list[asyncio.Task] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._push_warned = False
         self.closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -185,6 +199,7 @@ class AvatarSession:
         if self._thread.is_alive() or self.closed or self._tasks:
             return
         self.driver.produce_due(self.clock.now())  # anchors the media clock now
+        self._loop = asyncio.get_running_loop()
         self._thread.start()
         self._tasks.append(asyncio.get_running_loop().create_task(self._tick()))
 
@@ -199,8 +214,14 @@ class AvatarSession:
                 await task
         self._tasks.clear()
         self.frames.abort()  # wakes a generation step blocked on the queue, drops held frames
+        loop = asyncio.get_running_loop()
         if self._thread.is_alive():
-            await asyncio.to_thread(self._thread.join)
+            await loop.run_in_executor(self.executor, self._thread.join)
+        # The generation loop closes the pipeline session (and so its mirrors: a KVS uploader
+        # thread and connection) when it ends; a session that never started, or whose loop
+        # failed before it could, is closed here. Idempotent; off the loop, as a mirror drains
+        # when closed.
+        await loop.run_in_executor(self.executor, self.session.close)
         # Drop references so tensors, frames and audio buffers are freed now, not at GC time.
         self.session.state = type(self.session.state)()
         self._pending = None
@@ -267,16 +288,38 @@ class AvatarSession:
     def say(self, text: str, tts: object | None = None) -> asyncio.Task:
         """Speak ``text`` with the built-in TTS as one segment, streamed as it is synthesised.
 
-        Returns the task feeding it (cancelled by ``clear_buffer``).
+        One line at a time: a line said while another is being spoken waits for it (up to
+        ``MAX_QUEUED_SAYS`` lines wait). ``clear_buffer`` cancels the line and the queue.
+
+        Args:
+            text: what to say.
+            tts: an object with ``stream(text)`` yielding AudioFrames; default espeak-ng.
+
+        Returns:
+            The task feeding it.
+
+        Raises:
+            BusyError: ``MAX_QUEUED_SAYS`` lines are already waiting.
+            SessionClosedError: the session was closed.
         """
         from agent.tts import EspeakTTS
 
-        engine = tts if isinstance(tts, EspeakTTS) else EspeakTTS()
+        if self.closed:
+            raise SessionClosedError("the avatar session is closed")
+        if len(self._say_tasks) > MAX_QUEUED_SAYS:
+            raise BusyError(
+                f"the avatar is already speaking and {MAX_QUEUED_SAYS} more lines are queued; "
+                "wait for them to finish, or interrupt"
+            )
+        engine = tts if tts is not None else EspeakTTS(executor=self.executor)
         source = f"say-{id(text)}-{len(self._say_tasks)}"
+        previous = self._last_say
 
         async def feed() -> None:
+            if previous is not None and not previous.done():
+                await asyncio.wait({previous})  # not `await previous`: its cancel is not ours
             try:
-                async for frame in engine.stream(text):
+                async for frame in engine.stream(text):  # type: ignore[attr-defined]
                     while self.pending_s + frame.duration_s > self.config.max_pending_speech_s:
                         await self.clock.sleep_until(self.clock.now() + BLOCK_S)
                     self.push_audio(frame, label=None, source=source)
@@ -286,6 +329,7 @@ class AvatarSession:
 
         task = asyncio.get_running_loop().create_task(feed())
         self._say_tasks.add(task)
+        self._last_say = task
         task.add_done_callback(self._say_tasks.discard)
         return task
 
@@ -473,7 +517,7 @@ class AvatarSession:
         """Produce driving blocks on absolute tick times (no drift)."""
         start = self.clock.now()
         k = 0
-        while True:
+        while self.error is None:  # a failed generation loop takes no more driving audio
             self.driver.produce_due(self.clock.now())
             k += 1
             await self.clock.sleep_until(start + k * BLOCK_S)
@@ -484,12 +528,31 @@ class AvatarSession:
         except TimeoutError:  # generation is stalled far behind: never block the event loop
             self.driving_dropped_samples += block.shape[0]
         except Exception as err:  # session closed under us
-            if not self._stop.is_set():
+            # Once: this runs every 20 ms, and the cause (a failed generation) is logged apart.
+            if not self._stop.is_set() and not self._push_warned:
+                self._push_warned = True
                 log.warning("%s: driving audio rejected: %s", self.name, err)
 
     def _generate(self) -> None:
         try:
             self.session.run_live(self._stop, max_lag_s=self.lag_budget)
         except Exception as err:  # ends this session only
+            if self._stop.is_set():
+                # Closing aborts the frame queue under a running step: expected, not a fault.
+                log.debug("%s: generation stopped by close: %s", self.name, err)
+                return
             self.error = err
             log.exception("%s: generation failed", self.name)
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(self._failed, err)
+
+    def _failed(self, err: BaseException) -> None:
+        if self.closed:
+            return
+        for listener in list(self.failure_listeners):
+            try:
+                listener(err)
+            except Exception:
+                log.exception("%s: failure listener failed", self.name)

@@ -3,7 +3,9 @@
 Synthesis runs on a worker thread (espeak is synchronous and process-global, see
 ``pipeline/studio/espeak.py``); each chunk of about 50 ms reaches the event loop as soon as espeak
 makes it, so the avatar starts speaking after the first chunk, not after the whole text.
-Cancelling the consumer stops the synthesis at the next chunk.
+Cancelling the consumer stops the synthesis at the next chunk. At most ``AHEAD_CHUNKS`` chunks
+wait for the consumer: espeak pauses while they do, so a consumer held back by the speech queue's
+backpressure holds back synthesis too (no unbounded buffer in between).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Executor
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +23,7 @@ from pipeline.core.errors import InputError
 from pipeline.studio.espeak import ESPEAK_RATE, engine
 
 MAX_TEXT_CHARS = 2000
+AHEAD_CHUNKS = 20  # 50 ms chunks synthesised ahead of the consumer at most (1 s)
 
 
 class TTSOptions(BaseModel):
@@ -49,12 +53,19 @@ class EspeakTTS:
 
     Args:
         options: voice, rate and pitch; defaults when omitted.
+        executor: where synthesis runs; None: the event loop's default executor.
     """
 
     sample_rate = ESPEAK_RATE
 
-    def __init__(self, options: TTSOptions | None = None, **overrides: object) -> None:
+    def __init__(
+        self,
+        options: TTSOptions | None = None,
+        executor: Executor | None = None,
+        **overrides: object,
+    ) -> None:
         self.options = options or TTSOptions(**overrides)  # type: ignore[arg-type]
+        self.executor = executor
 
     async def stream(self, text: str) -> AsyncIterator[AudioFrame]:
         """Yield the speech of ``text`` chunk by chunk, as espeak produces it.
@@ -67,9 +78,13 @@ class EspeakTTS:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[np.ndarray | BaseException | None] = asyncio.Queue()
         stop = threading.Event()
+        room = threading.Semaphore(AHEAD_CHUNKS)  # released as the consumer takes a chunk
         o = self.options
 
         def on_audio(chunk: np.ndarray) -> bool:
+            while not room.acquire(timeout=0.1):
+                if stop.is_set():
+                    return True
             loop.call_soon_threadsafe(queue.put_nowait, chunk)
             return stop.is_set()
 
@@ -80,10 +95,12 @@ class EspeakTTS:
             except BaseException as err:  # handed to the consumer, raised there
                 loop.call_soon_threadsafe(queue.put_nowait, err)
 
-        worker = loop.run_in_executor(None, run)
+        worker = loop.run_in_executor(self.executor, run)
         try:
             while True:
                 item = await queue.get()
+                if isinstance(item, np.ndarray):
+                    room.release()
                 if item is None:
                     break
                 if isinstance(item, BaseException):

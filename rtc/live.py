@@ -16,6 +16,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import av
@@ -49,11 +50,14 @@ class LiveSession:
         live: LiveConfig,
         token: str,
         mirrors: Sequence[Sink] = (),
+        executor: Executor | None = None,
     ) -> None:
         self.token = token
         self.live = live
         self.pipeline = pipeline
-        self.avatar = AvatarSession(pipeline, reference, prompt, live, name=token, mirrors=mirrors)
+        self.avatar = AvatarSession(
+            pipeline, reference, prompt, live, name=token, mirrors=mirrors, executor=executor
+        )
         self.audio_track = AvatarAudioTrack(self.avatar)
         stamp = self._stamp if live.stamp_frames else None
         self.video_track = AvatarVideoTrack(self.avatar, stamp)
@@ -89,11 +93,7 @@ class LiveSession:
         self._tasks.clear()
         self.audio_track.stop()
         self.video_track.stop()
-        await self.avatar.close()
-        # A call that never started (no offer, no microphone) never ran the generation loop,
-        # which is what closes the sinks: its mirrors (a KVS uploader thread and connection)
-        # would run on. Closing is idempotent, and off the loop as a mirror drains when closed.
-        await asyncio.to_thread(self.avatar.session.close)
+        await self.avatar.close()  # closes the pipeline session and its mirrors, started or not
 
     # -- control -----------------------------------------------------------------------------------
 

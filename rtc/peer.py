@@ -76,6 +76,11 @@ class Peer:
         return self.pc.localDescription.sdp
 
     async def add_candidate(self, candidate: str | None, sdp_mid: object, index: object) -> None:
+        """Add a trickled remote candidate (None or "": end of candidates).
+
+        Raises:
+            ProtocolError: ``bad_candidate``, naming what is wrong with it.
+        """
         if not candidate:
             await self.pc.addIceCandidate(None)  # end of candidates
             return
@@ -88,8 +93,29 @@ class Peer:
                 "bad_candidate", f"invalid ICE candidate {candidate[:80]!r}: {err}"
             ) from None
         c.sdpMid = sdp_mid if isinstance(sdp_mid, str) else None
-        c.sdpMLineIndex = index if isinstance(index, int) else None
-        await self.pc.addIceCandidate(c)
+        c.sdpMLineIndex = index if isinstance(index, int) and not isinstance(index, bool) else None
+        if c.sdpMid is None and c.sdpMLineIndex is None:
+            raise ProtocolError(
+                "bad_candidate",
+                "an ICE candidate needs sdpMid (a string) or sdpMLineIndex (a number) naming its "
+                "media section, as RTCPeerConnection's onicecandidate gives them",
+            )
+        transceivers = self.pc.getTransceivers()
+        if c.sdpMid not in {t.mid for t in transceivers} and c.sdpMLineIndex not in range(
+            len(transceivers)
+        ):
+            # aiortc would drop it without a word; the sender should know it went nowhere.
+            raise ProtocolError(
+                "bad_candidate",
+                f"ICE candidate for sdpMid={c.sdpMid!r} sdpMLineIndex={c.sdpMLineIndex!r}: "
+                "the call has no such media section",
+            )
+        try:
+            await self.pc.addIceCandidate(c)
+        except Exception as err:  # aiortc/aioice refusals of a candidate they parsed
+            raise ProtocolError(
+                "bad_candidate", f"ICE candidate refused: {err or type(err).__name__}"
+            ) from None
 
     async def close(self) -> None:
         self._closing = True

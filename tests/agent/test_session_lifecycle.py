@@ -1,0 +1,104 @@
+"""AvatarSession lifecycle for in-process users (LiveKit/Pipecat adapters): close releases the
+pipeline session and its mirrors even if the session never started; one say at a time;
+a generation failure reaches the failure listeners once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.session import MAX_QUEUED_SAYS, AvatarConfig, AvatarSession
+from pipeline.core.errors import BusyError
+
+from support import make_reference
+
+pytestmark = pytest.mark.unit
+
+
+class RecordingMirror:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def open(self, info) -> None:
+        self.events.append("open")
+
+    def write(self, video, audio) -> None:
+        pass
+
+    def close(self) -> None:
+        self.events.append("close")
+
+    def abort(self) -> None:
+        self.events.append("abort")
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+def test_closing_a_session_that_never_started_closes_its_mirrors(live_pipeline) -> None:
+    mirror = RecordingMirror()
+
+    async def body():
+        avatar = AvatarSession(live_pipeline, make_reference(), mirrors=[mirror])
+        await avatar.close()
+        await avatar.close()  # idempotent
+
+    run(body())
+    assert mirror.events == ["open", "close"]
+
+
+class SlowTTS:
+    """Stands in for EspeakTTS: records when each text starts and ends being synthesised."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    async def stream(self, text: str):
+        self.log.append(f"start {text}")
+        await asyncio.sleep(0.2)
+        self.log.append(f"end {text}")
+        return
+        yield  # an async generator without frames
+
+
+def test_says_run_one_at_a_time_and_a_full_queue_is_busy(live_pipeline) -> None:
+    log: list[str] = []
+
+    async def body():
+        avatar = AvatarSession(live_pipeline, make_reference(), config=AvatarConfig())
+        tts = SlowTTS(log)
+        tasks = [avatar.say(str(i), tts=tts) for i in range(MAX_QUEUED_SAYS + 1)]
+        with pytest.raises(BusyError, match="already speaking"):
+            avatar.say("one too many", tts=tts)
+        await asyncio.gather(*tasks)
+        await avatar.close()
+
+    run(body())
+    n = MAX_QUEUED_SAYS + 1
+    assert log == [x for i in range(n) for x in (f"start {i}", f"end {i}")]
+
+
+def test_a_generation_failure_reaches_the_listeners_once(live_pipeline) -> None:
+    seen: list[BaseException] = []
+
+    async def body():
+        avatar = AvatarSession(live_pipeline, make_reference())
+        avatar.failure_listeners.append(seen.append)
+
+        def broken(*a, **k):
+            raise RuntimeError("boom")
+
+        avatar.session.step = broken
+        avatar.start()
+        for _ in range(200):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        await avatar.close()
+        return avatar
+
+    avatar = run(body())
+    assert [str(e) for e in seen] == ["boom"] and avatar.error is seen[0]
