@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pipeline.outputs.kvs.args import add_kvs_args as add_serve_kvs_args
 
     add_serve_kvs_args(sv)
+    from rtc.args import add_serving_args
+
+    add_serving_args(sv)
 
     b = sub.add_parser("bench", help="measure ttff, rtf, fps and memory against a naive baseline")
     from pipeline.bench.run import add_bench_args, add_live_args
@@ -233,7 +236,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
     from pipeline.core.config import build_config
-    from rtc.app import live_config_dict, load_avatar, resolve_weights, serve_forever
+    from rtc.app import (
+        check_sessions,
+        live_config_dict,
+        load_avatar,
+        resolve_weights,
+        serve_forever,
+    )
+    from rtc.args import serving_from_args
     from rtc.live import LiveConfig
 
     logging.basicConfig(
@@ -242,10 +252,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if args.max_sessions < 1:
         raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    serving = serving_from_args(args)  # TLS, token, origins: refused now, before loading
     args.untrained, notice = resolve_weights(args.untrained, args.weights, args.family)
     base = config_from_args(args).model_dump(mode="json")
     base.pop("schedule")
     config = build_config(**live_config_dict(base, sampler_given=args.steps is not None))
+    check_sessions(config, args.max_sessions)
     reference = load_avatar(args.reference, config)
     flags = {"playout_delay_ms": args.playout_delay_ms, "max_lag_ms": args.max_lag_ms}
     try:
@@ -276,6 +288,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             live,
             notice,
             mirror_factory=mirrors if args.kvs_stream else None,
+            access=serving.access,
+            ssl_context=serving.ssl_context,
+            offer_timeout_s=serving.offer_timeout_s,
+            notes=serving.notes,
         )
     )
     return 0

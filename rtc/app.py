@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.pipeline import Pipeline
 from pipeline.models.registry import installed_weights, load_reference
 from rtc.live import LiveConfig
-from rtc.server import AvatarServer
+from rtc.security import AccessPolicy
+from rtc.server import OFFER_TIMEOUT_S, AvatarServer
 
 # Live calls trade throughput for latency: short N chunks (a chunk's audio must be heard before
 # it is generated, and the playout delay is two chunks plus the look-ahead plus 40 ms, see
@@ -47,6 +49,21 @@ def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
     return out
 
 
+def check_sessions(config: TalkloopConfig, max_sessions: int) -> None:
+    """Refuse settings that cannot serve ``max_sessions`` calls at once.
+
+    An offloaded module streams its blocks through one ring of device slots (its
+    BlockOffloader); two sessions' generation threads would overwrite each other's blocks.
+    """
+    offloaded = [n for n, m in config.model.placement.model_dump().items() if m == "offloaded"]
+    if offloaded and max_sessions > 1:
+        raise ConfigError(
+            f"--placement {','.join(f'{n}=offloaded' for n in offloaded)} serves one session at "
+            f"a time (the offloaded blocks share one ring of device slots), but --max-sessions is "
+            f"{max_sessions}; use --max-sessions 1 or resident placement"
+        )
+
+
 def load_avatar(path: str | Path | None, config: TalkloopConfig) -> np.ndarray:
     """The avatar image of every call: ``path``, or the family's default avatar."""
     return load_reference(config, path)
@@ -62,6 +79,10 @@ async def serve_forever(
     live: LiveConfig,
     notice: str,
     mirror_factory=None,
+    access: AccessPolicy | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    offer_timeout_s: float = OFFER_TIMEOUT_S,
+    notes: list[str] | None = None,
 ) -> None:
     pipeline = await asyncio.to_thread(Pipeline.from_config, config)
     # Load the text encoder now (seconds), not when the first prompt arrives mid-call.
@@ -69,17 +90,28 @@ async def serve_forever(
     if text is not None and hasattr(text.net, "load"):
         await asyncio.to_thread(text.net.load)
     server = AvatarServer(
-        pipeline, reference, prompt, live, max_sessions, notice, mirror_factory=mirror_factory
+        pipeline,
+        reference,
+        prompt,
+        live,
+        max_sessions,
+        notice,
+        mirror_factory=mirror_factory,
+        access=access,
+        offer_timeout_s=offer_timeout_s,
     )
     try:
-        bound = await server.start(host, port)
+        bound = await server.start(host, port, ssl_context=ssl_context)
     except OSError as err:  # port in use, address not on this machine, no permission
         raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    scheme = "https" if ssl_context is not None else "http"
     print(
-        f"talkloop: serving on http://{shown}:{bound}/  (open it in a browser; Ctrl-C stops)",
+        f"talkloop: serving on {scheme}://{shown}:{bound}/  (open it in a browser; Ctrl-C stops)",
         flush=True,
     )
+    for line in notes or []:
+        print(f"talkloop: {line}", flush=True)
     if notice:
         print(f"talkloop: note: {notice}", flush=True)
     stop = asyncio.Event()
@@ -104,6 +136,7 @@ def resolve_weights(
 
 
 __all__ = [
+    "check_sessions",
     "LIVE_SAMPLER",
     "LIVE_SCHEDULE",
     "live_config_dict",

@@ -3,20 +3,31 @@
 Each websocket connection to ``/ws`` opens one avatar session (up to ``max_sessions``) and gets a
 token. A voice agent joins that session with ``/ws?token=<token>&role=agent`` (the agent protocol,
 ``agent/protocol.py``): its speech drives the avatar the viewer sees. A bad message is answered
-with an error and the session goes on; a broken session ends alone; the server keeps serving
-everyone else.
+with an error and the session goes on; a broken session ends alone (a generation failure is told
+to its page and agent as ``generation_failed``); the server keeps serving everyone else.
+
+Who may connect (access token, Origin allow-list, per-address cap) is ``rtc/security.py``; TLS is
+``rtc/tls.py``. A session whose page sends no offer within ``offer_timeout_s`` (while no agent is
+connected to it) gets ``offer_timeout`` and is closed, so an idle tab cannot hold a slot.
+
+Speech synthesis, session set-up and the blocking parts of closing run on the server's own small
+thread pool: aiortc encodes every call's audio and video on the loop's default executor, and
+must never wait behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import mimetypes
 import secrets
+import ssl
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -32,6 +43,7 @@ from websockets.http11 import Request, Response
 
 from agent.frames import PlaybackEvent, PlaybackStarted
 from agent.protocol import AgentChannel, event_message
+from agent.session import MAX_QUEUED_SAYS
 from pipeline.core.errors import TalkloopError
 from pipeline.core.pipeline import Pipeline
 from pipeline.outputs.sink import Sink
@@ -39,12 +51,26 @@ from rtc.avatar import AVATAR_WAIT_S, decode_avatar
 from rtc.live import LiveConfig, LiveSession
 from rtc.peer import Peer
 from rtc.protocol import ProtocolError, error, parse_message
+from rtc.security import AccessPolicy
 
 log = logging.getLogger("talkloop.server")
 
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 MAX_MESSAGE_BYTES = 256 * 1024
 STATS_INTERVAL_S = 1.0
+OFFER_TIMEOUT_S = 20.0
+__all__ = ["MAX_QUEUED_SAYS", "OFFER_TIMEOUT_S", "AvatarServer", "Entry", "session_token"]
+
+
+def error_code(err: TalkloopError) -> str:
+    """The protocol code of an error that is not a ProtocolError: busy (retry later) or not."""
+    return "busy" if err.retryable else "bad_request"
+
+
+def client_address(ws: ServerConnection) -> str:
+    """The client's IP address (the per-address cap counts by it)."""
+    peer = ws.remote_address
+    return str(peer[0]) if peer else "?"
 
 
 def session_token() -> str:
@@ -67,6 +93,7 @@ class Entry:
     peer: Peer | None = None
     agent: ServerConnection | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
+    offer_timer: asyncio.TimerHandle | None = None  # armed while no call and no agent
     closed: bool = False
 
 
@@ -83,6 +110,10 @@ class AvatarServer:
         mirror_factory: makes the mirror sinks of a new session (e.g. a KVS copy) from the
             session's slot (1..max_sessions, unique among open sessions, reused after a session
             ends), or None.
+        access: who may connect (token, origins, per-address cap); default: no token, the
+            server's own origin, ``DEFAULT_MAX_CONNECTIONS_PER_IP``.
+        offer_timeout_s: a session whose page sends no offer this long (while no agent is
+            connected) is closed with ``offer_timeout``.
     """
 
     def __init__(
@@ -95,8 +126,17 @@ class AvatarServer:
         notice: str = "",
         web_dir: Path = WEB_DIR,
         mirror_factory: Callable[[int], list[Sink]] | None = None,
+        access: AccessPolicy | None = None,
+        offer_timeout_s: float = OFFER_TIMEOUT_S,
     ) -> None:
         self.pipeline = pipeline
+        self.access = access or AccessPolicy()
+        self.offer_timeout_s = offer_timeout_s
+        # One speaking line and a session set-up per session at a time, plus room for closing.
+        self.executor = ThreadPoolExecutor(
+            max_workers=max_sessions + 2, thread_name_prefix="talkloop-control"
+        )
+        self.scheme = "http"  # "https" once started with TLS (the page's origin says which)
         self.mirror_factory = mirror_factory
         self.reference = reference
         self.prompt = prompt
@@ -110,6 +150,7 @@ class AvatarServer:
         # slot would write into the same per-session stream while the old one still uploads.
         self._draining: set[int] = set()
         self.on_session: Callable[[LiveSession], None] | None = None  # observers (tests, agents)
+        self._ending: set[asyncio.Task] = set()  # sessions being ended by the server
         self._ws: WsServer | None = None
 
     def _slots_taken(self) -> set[int]:
@@ -120,9 +161,19 @@ class AvatarServer:
     def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
         if path == "/ws":
-            return None  # continue with the websocket handshake
+            return self._admit(connection, request)
         if path == "/healthz":
             return connection.respond(HTTPStatus.OK, "ok\n")
+        if path == "/api/access":  # the page asks whether to prompt for the access token
+            body = json.dumps({"token_required": self.access.token is not None}).encode()
+            headers = Headers(
+                {
+                    "Content-Type": "application/json",
+                    "Content-Length": str(len(body)),
+                    "Cache-Control": "no-store",
+                }
+            )
+            return Response(HTTPStatus.OK, "OK", headers, body)
         name = "index.html" if path in ("/", "") else path.lstrip("/")
         target = (self.web_dir / name).resolve()
         if self.web_dir.resolve() not in target.parents or not target.is_file():
@@ -136,10 +187,56 @@ class AvatarServer:
         )
         return Response(HTTPStatus.OK, "OK", headers, body)
 
+    def _admit(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Refuse a websocket before the upgrade: a foreign Origin (403), too many from one
+        address (429). None lets the handshake go on."""
+        origins = request.headers.get_all("Origin")
+        hosts = request.headers.get_all("Host")
+        origin = origins[0] if len(origins) == 1 else None
+        host = hosts[0] if len(hosts) == 1 else None
+        if len(origins) > 1 or not self.access.origin_ok(origin, host, self.scheme):
+            log.info("refused a websocket from origin %r (host %r)", origins, host)
+            return connection.respond(
+                HTTPStatus.FORBIDDEN,
+                f"origin {', '.join(origins)} may not open sessions here; the server's operator "
+                "can allow it with --allow-origin\n",
+            )
+        address = client_address(connection)
+        if not self.access.may_connect(address):
+            return connection.respond(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                f"{address} has {self.access.max_connections_per_ip} connections open already; "
+                "close one first\n",
+            )
+        return None
+
     # -- websocket -----------------------------------------------------------------------------
 
     async def handler(self, ws: ServerConnection) -> None:
-        query = parse_qs(urlsplit(ws.request.path).query)
+        address = client_address(ws)
+        # Counted here, not in _admit: a handshake that fails after it never reaches us.
+        if not self.access.opened(address):  # several handshakes raced past _admit
+            await ws.close(1008, "too many connections from this address")
+            return
+        try:
+            query = parse_qs(urlsplit(ws.request.path).query)
+            if not self.access.token_ok(query.get("access", [None])[0]):
+                await ws.send(
+                    error(
+                        "bad_access",
+                        "this server needs its access token: connect with ?access=<token> "
+                        "(ask the server's operator for it)",
+                    )
+                )
+                await ws.close(4401, "access token missing or wrong")
+                return
+            await self._route(ws, query)
+        except ConnectionClosed:
+            pass
+        finally:
+            self.access.closed(address)
+
+    async def _route(self, ws: ServerConnection, query: dict[str, list[str]]) -> None:
         if "token" in query:
             token = query["token"][0]
             if token not in self.sessions:
@@ -173,15 +270,24 @@ class AvatarServer:
             return
         slot = min(free)
         self._pending.add(slot)
+        loop = asyncio.get_running_loop()
         try:
             reference = self.reference
             if query.get("avatar", [""])[0] == "1":  # the page sends its own photo first
                 reference = await self._read_avatar(ws)
             token = session_token()
             mirrors = self.mirror_factory(slot) if self.mirror_factory else []
-            live = await asyncio.to_thread(
-                LiveSession, self.pipeline, reference, self.prompt, self.live, token, mirrors
+            make = functools.partial(
+                LiveSession,
+                self.pipeline,
+                reference,
+                self.prompt,
+                self.live,
+                token,
+                mirrors,
+                executor=self.executor,
             )
+            live = await loop.run_in_executor(self.executor, make)
         except ConnectionClosed:
             return
         except ProtocolError as err:  # a bad photo ends this connection only
@@ -199,6 +305,8 @@ class AvatarServer:
         entry = Entry(live, ws, slot)
         self.sessions[token] = entry
         live.avatar.listeners.append(lambda event: self._on_playback(entry, event))
+        live.avatar.failure_listeners.append(lambda err: self._on_failure(entry, err))
+        self._arm_offer_timer(entry)
         log.info("session %s opened (%d active)", token[:6], len(self.sessions))
         if self.on_session is not None:
             self.on_session(live)
@@ -220,18 +328,31 @@ class AvatarServer:
             )
             entry.tasks.append(asyncio.get_running_loop().create_task(self._stats(entry)))
             async for raw in ws:
-                try:
-                    await self._on_message(entry, raw)
-                except ProtocolError as err:
-                    await ws.send(error(err.code, str(err)))
-                except TalkloopError as err:
-                    await ws.send(error("bad_request", str(err)))
+                reply = await self._guarded(entry, self._on_message(entry, raw))
+                if reply is not None:
+                    await ws.send(reply)
                 if entry.closed:
                     break
         except ConnectionClosed:
             pass
         finally:
             await self._close(entry)
+
+    async def _guarded(self, entry: Entry, action) -> str | None:
+        """Run one message's ``action``; every failure becomes the ``error`` reply (None: none),
+        so no message, however bad, ends the session or its receive loop."""
+        try:
+            await action
+        except ProtocolError as err:
+            return error(err.code, str(err))
+        except TalkloopError as err:
+            return error(error_code(err), str(err))
+        except Exception as err:  # a bug or a library's surprise: this message only
+            log.warning(
+                "session %s: a message failed: %r", entry.live.token[:6], err, exc_info=True
+            )
+            return error("internal", f"the server could not act on that message ({err!r:.200})")
+        return None
 
     async def _read_avatar(self, ws: ServerConnection) -> np.ndarray:
         """The photo a page announced with ``?avatar=1``, as the session's reference."""
@@ -247,7 +368,9 @@ class AvatarServer:
                 "bad_avatar",
                 f"expected the avatar photo first (connected with ?avatar=1), got {msg['type']!r}",
             )
-        return await asyncio.to_thread(decode_avatar, msg.get("image"), self.pipeline.config)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, decode_avatar, msg.get("image"), self.pipeline.config
+        )
 
     async def _on_message(self, entry: Entry, raw: str | bytes) -> None:
         msg = parse_message(raw)
@@ -260,11 +383,13 @@ class AvatarServer:
                 )
             peer = Peer(live, lambda: self._close(entry))
             entry.peer = peer
+            self._disarm_offer_timer(entry)
             try:
                 sdp = await peer.answer(msg["sdp"])
             except ProtocolError:
                 entry.peer = None
                 await peer.close()
+                self._arm_offer_timer(entry)
                 raise
             await entry.ws.send(json.dumps({"type": "answer", "sdp": sdp}))
             live.start()
@@ -297,6 +422,7 @@ class AvatarServer:
             await ws.close(4409, "agent already connected")
             return
         entry.agent = ws
+        self._disarm_offer_timer(entry)  # a connected agent is activity: see docs/agents.md
         channel = AgentChannel(entry.live.avatar)
         info = self.pipeline.info
         log.info("session %s: agent connected", entry.live.token[:6])
@@ -312,12 +438,9 @@ class AvatarServer:
                 )
             )
             async for raw in ws:
-                try:
-                    channel.handle(raw)
-                except ProtocolError as err:
-                    await ws.send(error(err.code, str(err)))
-                except TalkloopError as err:
-                    await ws.send(error("bad_request", str(err)))
+                reply = await self._guarded(entry, self._agent_message(channel, raw))
+                if reply is not None:
+                    await ws.send(reply)
                 if channel.closed or entry.closed:
                     break
         except ConnectionClosed:
@@ -326,10 +449,68 @@ class AvatarServer:
             if entry.agent is ws:
                 entry.agent = None
                 if not entry.closed:
-                    channel.detach()
+                    with contextlib.suppress(Exception):
+                        channel.detach()
+                    if entry.peer is None:
+                        self._arm_offer_timer(entry)
             with contextlib.suppress(Exception):
                 await ws.close()
             log.info("session %s: agent left", entry.live.token[:6])
+
+    @staticmethod
+    async def _agent_message(channel: AgentChannel, raw: str | bytes) -> None:
+        channel.handle(raw)
+
+    # -- offer timeout, failures ---------------------------------------------------------------
+
+    def _arm_offer_timer(self, entry: Entry) -> None:
+        self._disarm_offer_timer(entry)
+        if not entry.closed:
+            entry.offer_timer = asyncio.get_running_loop().call_later(
+                self.offer_timeout_s, self._offer_timed_out, entry
+            )
+
+    @staticmethod
+    def _disarm_offer_timer(entry: Entry) -> None:
+        if entry.offer_timer is not None:
+            entry.offer_timer.cancel()
+            entry.offer_timer = None
+
+    def _offer_timed_out(self, entry: Entry) -> None:
+        entry.offer_timer = None
+        if entry.closed or entry.peer is not None or entry.agent is not None:
+            return
+        log.info("session %s: no offer within %g s", entry.live.token[:6], self.offer_timeout_s)
+        msg = error(
+            "offer_timeout",
+            f"no offer within {self.offer_timeout_s:g} s: the session was closed to free its "
+            "slot; start the call again",
+        )
+        self._end_soon(entry, msg, 4408, "no offer")
+
+    def _on_failure(self, entry: Entry, err: BaseException) -> None:
+        """Generation failed: tell the page and the agent, then end this session only."""
+        msg = error(
+            "generation_failed",
+            f"the avatar stopped: generation failed ({err}); the call has ended, start a new one",
+        )
+        self._end_soon(entry, msg, 1011, "generation failed")
+
+    def _end_soon(self, entry: Entry, msg: str, code: int, reason: str) -> None:
+        async def end() -> None:
+            for ws in (entry.ws, entry.agent):
+                if ws is not None:
+                    with contextlib.suppress(ConnectionClosed):
+                        await ws.send(msg)
+            with contextlib.suppress(Exception):
+                await entry.ws.close(code, reason)
+            await self._close(entry)
+
+        if not entry.closed:
+            # Not in entry.tasks: _close cancels those, and this task is the one calling it.
+            task = asyncio.get_running_loop().create_task(end())
+            self._ending.add(task)
+            task.add_done_callback(self._ending.discard)
 
     def _on_playback(self, entry: Entry, event: PlaybackEvent) -> None:
         """Playback events go to the page (``speech``) and to the agent (agent protocol)."""
@@ -381,6 +562,7 @@ class AvatarServer:
             return
         entry.closed = True
         del self.sessions[entry.live.token]
+        self._disarm_offer_timer(entry)
         if self.mirror_factory is not None:
             self._draining.add(entry.slot)
         for task in entry.tasks:
@@ -401,12 +583,14 @@ class AvatarServer:
 
     # -- running -------------------------------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> int:
-        """Start listening; returns the port (useful with port 0)."""
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Start listening (https/wss with ``ssl_context``); returns the port (for port 0)."""
+        self.scheme = "https" if ssl_context is not None else "http"
         self._ws = await serve(
             self.handler,
             host,
             port,
+            ssl=ssl_context,
             process_request=self.process_request,
             max_size=MAX_MESSAGE_BYTES,
             ping_interval=20,
@@ -417,6 +601,10 @@ class AvatarServer:
     async def stop(self) -> None:
         for entry in list(self.sessions.values()):
             await self._close(entry)
+        for task in list(self._ending):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         if self._ws is not None:
             self._ws.close()
             await self._ws.wait_closed()
+        self.executor.shutdown(wait=False, cancel_futures=True)

@@ -17,8 +17,10 @@ from common import emit, start_server, tiny_live_pipeline
 
 
 def own_threads() -> list[str]:
-    """Threads other than the event loop's worker pool (which keeps idle workers by design)."""
-    return sorted(t.name for t in threading.enumerate() if not t.name.startswith("asyncio_"))
+    """Threads other than the worker pools (the event loop's and the server's control pool keep
+    idle workers by design)."""
+    pools = ("asyncio_", "talkloop-control")
+    return sorted(t.name for t in threading.enumerate() if not t.name.startswith(pools))
 
 
 async def main() -> None:
