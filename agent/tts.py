@@ -3,9 +3,10 @@
 Synthesis runs on a worker thread (espeak is synchronous and process-global, see
 ``pipeline/studio/espeak.py``); each chunk of about 50 ms reaches the event loop as soon as espeak
 makes it, so the avatar starts speaking after the first chunk, not after the whole text.
-Cancelling the consumer stops the synthesis at the next chunk. At most ``AHEAD_CHUNKS`` chunks
-wait for the consumer: espeak pauses while they do, so a consumer held back by the speech queue's
-backpressure holds back synthesis too (no unbounded buffer in between).
+Cancelling the consumer stops the synthesis at the next chunk. Synthesis never waits for the
+consumer: espeak is process-global and serialised by a lock, so pausing one utterance would hold
+every other session's speech behind it. What waits for the consumer is therefore at most one
+utterance (``MAX_TEXT_CHARS`` of speech, a few MB); an AvatarSession synthesises one line at a time.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from pipeline.core.errors import InputError
 from pipeline.studio.espeak import ESPEAK_RATE, engine
 
 MAX_TEXT_CHARS = 2000
-AHEAD_CHUNKS = 20  # 50 ms chunks synthesised ahead of the consumer at most (1 s)
 
 
 class TTSOptions(BaseModel):
@@ -78,13 +78,9 @@ class EspeakTTS:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[np.ndarray | BaseException | None] = asyncio.Queue()
         stop = threading.Event()
-        room = threading.Semaphore(AHEAD_CHUNKS)  # released as the consumer takes a chunk
         o = self.options
 
         def on_audio(chunk: np.ndarray) -> bool:
-            while not room.acquire(timeout=0.1):
-                if stop.is_set():
-                    return True
             loop.call_soon_threadsafe(queue.put_nowait, chunk)
             return stop.is_set()
 
@@ -99,8 +95,6 @@ class EspeakTTS:
         try:
             while True:
                 item = await queue.get()
-                if isinstance(item, np.ndarray):
-                    room.release()
                 if item is None:
                     break
                 if isinstance(item, BaseException):
