@@ -224,8 +224,9 @@ class AvatarServer:
                 await ws.send(
                     error(
                         "bad_access",
-                        "this server needs its access token: connect with ?access=<token> "
-                        "(ask the server's operator for it)",
+                        "the access token is missing or wrong: this server needs it on every "
+                        "connection (?access=<token>; the page asks for it, an agent takes "
+                        "--access-token); ask the server's operator for it",
                     )
                 )
                 await ws.close(4401, "access token missing or wrong")

@@ -9,7 +9,8 @@ const ui = {
 };
 
 // avatar: the chosen photo as base64 JPEG (sent first on the next call's websocket), or null.
-const call = { ws: null, pc: null, mic: null, token: null, open: false, avatar: null };
+// ending: why the server is about to close the call (shown instead of "Disconnected").
+const call = { ws: null, pc: null, mic: null, token: null, open: false, avatar: null, ending: null };
 // Exposed for automated tests (Playwright reads getStats through it).
 window.talkloop = { call, stats: () => (call.pc ? call.pc.getStats() : null) };
 
@@ -31,16 +32,55 @@ function setInCall(inCall) {
   ui.overlay.hidden = !inCall;
 }
 
+// The server's access token, if it needs one: asked once, kept for this tab (sessionStorage),
+// sent as ?access= on the websocket (browsers cannot set headers there). null: none given.
+const ACCESS_KEY = "talkloop.access";
+async function accessToken() {
+  const r = await fetch("/api/access", { cache: "no-store" });
+  if (!r.ok || !(await r.json()).token_required) return "";
+  let token = sessionStorage.getItem(ACCESS_KEY);
+  if (!token) {
+    token = (window.prompt("This talkloop server needs its access token:") || "").trim();
+    if (!token) return null;
+    sessionStorage.setItem(ACCESS_KEY, token);
+  }
+  return token;
+}
+
 async function startCall() {
   setStatus("Connecting…");
   ui.call.disabled = true;
+  let access;
+  try {
+    access = await accessToken();
+  } catch (err) {
+    access = "";  // an older server without /api/access: no token
+  }
+  if (access === null) {
+    ui.call.disabled = false;
+    return setStatus("Access token needed", "error");
+  }
+  const query = new URLSearchParams();
+  if (call.avatar) query.set("avatar", "1");
+  if (access) query.set("access", access);
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const ws = new WebSocket(`${scheme}://${location.host}/ws${call.avatar ? "?avatar=1" : ""}`);
+  const qs = query.toString();
+  const ws = new WebSocket(`${scheme}://${location.host}/ws${qs ? "?" + qs : ""}`);
   call.ws = ws;
-  if (call.avatar) ws.onopen = () => ws.send(JSON.stringify({ type: "avatar", image: call.avatar }));
+  call.ending = null;
+  call.token = null;
+  let opened = false;
+  ws.onopen = () => {
+    opened = true;
+    if (call.avatar) ws.send(JSON.stringify({ type: "avatar", image: call.avatar }));
+  };
   ws.onmessage = (ev) => onMessage(JSON.parse(ev.data)).catch((e) => log(String(e), true));
   ws.onclose = (ev) => {
-    if (call.ws === ws) endCall(ev.reason ? `Disconnected: ${ev.reason}` : "Call ended");
+    if (call.ws !== ws) return;
+    // Refused before the upgrade (another origin, too many connections): the browser says no more.
+    if (!opened) return endCall("Connection refused by the server", "error");
+    if (call.ending) return endCall(call.ending, "error");
+    endCall(ev.reason ? `Disconnected: ${ev.reason}` : "Call ended");
   };
   ws.onerror = () => log("connection error", true);
 }
@@ -53,8 +93,16 @@ async function onMessage(msg) {
     case "speech": return log(`avatar speech ${msg.state}`);
     case "error":
       log(`${msg.code}: ${msg.message}`, true);
-      if (msg.code === "busy" || msg.code === "bad_token") setStatus("Server busy", "error");
+      if (msg.code === "busy" && !call.token) setStatus("Server busy", "error");
+      if (msg.code === "bad_token") setStatus("Server busy", "error");
       if (msg.code === "bad_avatar") setStatus("Photo refused", "error");
+      if (msg.code === "bad_access") {
+        sessionStorage.removeItem(ACCESS_KEY);  // ask again on the next try
+        call.ending = "Access token refused";
+      }
+      if (msg.code === "generation_failed") call.ending = "The avatar stopped (generation failed)";
+      if (msg.code === "offer_timeout") call.ending = "Timed out: the call did not start";
+      if (call.ending) setStatus(call.ending, "error");
       return;
     default: log(`unknown message ${msg.type}`);
   }
@@ -65,6 +113,7 @@ async function beginMedia(session) {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   $("agent-url").textContent = `${scheme}://${location.host}/ws?token=${session.token}&role=agent`;
   $("agent").hidden = false;
+  $("agent-access").hidden = !sessionStorage.getItem(ACCESS_KEY);
   if (session.notice) { ui.notice.textContent = session.notice; ui.notice.hidden = false; }
   if (session.prompt) ui.prompt.value = session.prompt;
   const pc = new RTCPeerConnection();
@@ -118,7 +167,7 @@ async function showStats(s) {
   $("s-latency").textContent = delay ?? "–";
 }
 
-function endCall(reason = "Call ended") {
+function endCall(reason = "Call ended", kind = "") {
   const { ws, pc, mic } = call;
   call.ws = call.pc = call.mic = null;
   if (ws && ws.readyState === WebSocket.OPEN) { ws.send(JSON.stringify({ type: "bye" })); ws.close(); }
@@ -129,7 +178,7 @@ function endCall(reason = "Call ended") {
   ui.placeholder.hidden = false;
   setInCall(false);
   ui.call.disabled = false;
-  setStatus(reason);
+  setStatus(reason, kind);
 }
 
 ui.call.onclick = () => (call.open ? endCall() : startCall());

@@ -319,3 +319,16 @@ def test_serving_other_machines_with_token_and_tls(capsys, served, tmp_path) -> 
     )
     names = {str(n.value) for n in alt.value}
     assert {"myhost.lan", "10.0.0.5", "localhost", "127.0.0.1"} <= names
+
+
+def test_the_avatar_upload_obeys_the_same_rules(pipeline) -> None:
+    async def body(server, ws_url, port):
+        async with websockets.connect(ws_url + "?avatar=1") as ws:  # no token: no photo read
+            refused = (await first(ws), await closed_code(ws))
+        with pytest.raises(InvalidStatus) as foreign:
+            await websockets.connect(ws_url + f"?avatar=1&access={TOKEN}", origin="https://x.test")
+        return refused, foreign.value.response.status_code, len(server.sessions)
+
+    (msg, code), status, sessions = run(serving(pipeline, body, access=AccessPolicy(TOKEN)))
+    assert msg["code"] == "bad_access" and code == 4401
+    assert status == 403 and sessions == 0

@@ -54,3 +54,18 @@ def test_firefox_call_negotiates_vp8_and_decodes_video() -> None:
     assert float(r["overlay_fps"]) >= 23
     assert r["sessions_left"] == 0
     assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+def test_page_asks_for_the_access_token_once_over_https() -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "browser-access.png"
+    shot.unlink(missing_ok=True)
+    r = run_in_netns("access.py", "--screenshot", str(shot))
+    # asked, refused, asked again; then kept for the tab: a reload does not ask
+    assert len(r["dialogs"]) == 2 and all("access token" in d for d in r["dialogs"])
+    assert r["statuses"] == ["Access token refused", "Live", "Live"]
+    assert r["stored"] == r["token"]
+    assert r["sessions_left"] == 0
+    assert [m for m in r["console"] if m.startswith("error") and "4401" not in m] == []
+    assert shot.stat().st_size > 10_000

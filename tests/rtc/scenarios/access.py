@@ -1,0 +1,96 @@
+"""Headless Chromium on an https server with an access token: the page asks for the token once
+(a wrong one is refused and asked again), keeps it for the tab, and the call goes live over wss."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+
+from playwright.async_api import async_playwright
+
+from pipeline.assets import HELLO_WAV
+from rtc.security import AccessPolicy
+from rtc.server import AvatarServer
+from rtc.tls import self_signed, server_context
+
+from common import HOST, emit, make_reference, tiny_live_pipeline
+
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "a-long-enough-access-token"
+STATUS = "document.getElementById('status').textContent"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--screenshot", required=True)
+    args = ap.parse_args()
+    pipeline = tiny_live_pipeline(128)
+    with tempfile.TemporaryDirectory() as tmp:
+        cert, key = self_signed([HOST], tmp)
+        server = AvatarServer(
+            pipeline, make_reference(128, 128), "", access=AccessPolicy(token=TOKEN)
+        )
+        port = await server.start(HOST, 0, ssl_context=server_context(cert, key))
+    page_url = f"https://{HOST}:{port}/"
+    answers = ["wrong-token-but-long-enough", TOKEN]
+    dialogs: list[str] = []
+    statuses: list[str] = []
+
+    async def on_dialog(dialog) -> None:
+        dialogs.append(dialog.message)
+        await dialog.accept(answers[min(len(dialogs), len(answers)) - 1])
+
+    async def wait_status(text: str) -> None:
+        await page.wait_for_function(f"{STATUS} === {text!r}", timeout=20000)
+        statuses.append(text)
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--allow-loopback-in-peer-connection",
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={HELLO_WAV}",
+                "--autoplay-policy=no-user-gesture-required",
+            ],
+        )
+        context = await browser.new_context(
+            ignore_https_errors=True, viewport={"width": 1200, "height": 800}
+        )
+        page = await context.new_page()
+        page.on("dialog", on_dialog)
+        console: list[str] = []
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        await page.goto(page_url)
+        await page.click("#call")  # asks; the wrong token is refused
+        await wait_status("Access token refused")
+        await page.screenshot(path=args.screenshot.replace(".png", "-refused.png"))
+        await page.click("#call")  # asks again; the right one
+        await wait_status("Live")
+        stored = await page.evaluate("sessionStorage.getItem('talkloop.access')")
+        await page.click("#call")  # end
+        await page.reload()
+        await page.click("#call")  # same tab: not asked again
+        await wait_status("Live")
+        await asyncio.sleep(2.0)  # frames on screen
+        await page.screenshot(path=args.screenshot)
+        await page.click("#call")
+        await asyncio.sleep(1.0)
+        await browser.close()
+    left = len(server.sessions)
+    await server.stop()
+    emit(
+        {
+            "dialogs": dialogs,
+            "statuses": statuses,
+            "stored": stored,
+            "token": TOKEN,
+            "sessions_left": left,
+            "console": console[-20:],
+        }
+    )
+
+
+asyncio.run(main())
