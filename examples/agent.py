@@ -7,6 +7,11 @@ it is (quoted: it holds a ``&``):
 
 or with the token on its own: ``--url ws://127.0.0.1:8080/ws --token <token>``.
 
+A server started with ``--access-token`` needs it here too: ``--access-token TOKEN`` (or the
+``TALKLOOP_ACCESS_TOKEN`` environment variable, which keeps it out of the shell history). Over
+``wss://`` with a self-signed certificate (``talkloop serve --tls-self-signed``), pass that
+certificate with ``--tls-ca FILE`` (the server prints its path).
+
 Each line is synthesised with the built-in TTS (espeak-ng), streamed as binary PCM16 while it is
 being made, and closed with segment_end. With --interrupt-after S the agent interrupts the last
 line S seconds after it started playing (as it would when the user barges in). Playback events
@@ -18,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +39,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 from agent.tts import EspeakTTS, TTSOptions  # noqa: E402
 
 
-def agent_url(url: str, token: str | None) -> str:
+def agent_url(url: str, token: str | None, access: str | None = None) -> str:
     """The URL an agent connects to: ``url`` with ``token`` (from ``--token`` or from the URL's
-    own query, as the page shows it) and ``role=agent``.
+    own query, as the page shows it), ``role=agent`` and, if given, the server's ``access`` token.
 
     Raises:
         ValueError: no token, two different tokens, or not a ws:// or wss:// URL.
@@ -55,15 +62,23 @@ def agent_url(url: str, token: str | None) -> str:
             '--url "ws://HOST:PORT/ws?token=...&role=agent", or --token TOKEN'
         )
     query.update(token=[token], role=["agent"])
+    if access:
+        query["access"] = [access]
     return urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
 
 
-async def run(url: str, lines: list[str], interrupt_after: float | None) -> None:
+async def run(
+    url: str,
+    lines: list[str],
+    interrupt_after: float | None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> None:
     tts = EspeakTTS(TTSOptions())
-    async with websockets.connect(url, max_size=2**20) as ws:
+    tls = {"ssl": ssl_context} if ssl_context is not None else {}
+    async with websockets.connect(url, max_size=2**20, **tls) as ws:
         hello = json.loads(await ws.recv())
         if hello["type"] != "agent":
-            raise SystemExit(f"not accepted: {hello}")
+            raise SystemExit(f"not accepted: {hello.get('code')}: {hello.get('message', hello)}")
         await ws.send(json.dumps({"type": "audio_format", "sample_rate": tts.sample_rate}))
         finished: asyncio.Queue[dict] = asyncio.Queue()
         started: asyncio.Queue[dict] = asyncio.Queue()
@@ -115,19 +130,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the agent URL the page shows (quote it), or the server's /ws URL with --token",
     )
     ap.add_argument("--token", help="the session token, if --url does not carry it")
+    ap.add_argument(
+        "--access-token",
+        default=os.environ.get("TALKLOOP_ACCESS_TOKEN"),
+        help="the server's access token, if it has one (default: $TALKLOOP_ACCESS_TOKEN)",
+    )
+    ap.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="trust this certificate (PEM) for wss://, e.g. the server's --tls-self-signed one",
+    )
     ap.add_argument("--interrupt-after", type=float, default=None, metavar="S")
     ap.add_argument("lines", nargs="*", default=["Hello, I am your avatar.", "Nice to meet you."])
     args = ap.parse_args(argv)
     try:
-        args.url = agent_url(args.url, args.token)
+        args.url = agent_url(args.url, args.token, args.access_token)
     except ValueError as err:
         ap.error(str(err))
+    args.ssl_context = None
+    if args.tls_ca:
+        if not args.url.startswith("wss://"):
+            ap.error("--tls-ca is for wss:// URLs")
+        try:
+            args.ssl_context = ssl.create_default_context(cafile=args.tls_ca)
+        except (OSError, ssl.SSLError) as err:
+            ap.error(f"--tls-ca: cannot use {args.tls_ca}: {getattr(err, 'strerror', None) or err}")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    asyncio.run(run(args.url, args.lines, args.interrupt_after))
+    asyncio.run(run(args.url, args.lines, args.interrupt_after, args.ssl_context))
 
 
 if __name__ == "__main__":
