@@ -16,6 +16,15 @@ Client -> server (JSON text messages):
 Server -> client: `session` (token, notice), `answer` (sdp), `stats` (once a second), `error`
 (`code`, `message`), `speech` (`state`: started / finished / interrupted).
 
+A bad message gets an `error` and the session goes on. Codes: `bad_json` (also JSON nested too
+deeply), `bad_message`, `unknown_type`, `too_long`, `bad_sdp`, `bad_candidate` (unparsable, or
+without `sdpMid`/`sdpMLineIndex`, or for no media section of the call), `bad_state`, `busy`
+(`say` while one line plays and three wait), `internal` (a server bug, that message only).
+These end the session: `bad_access` (missing or wrong `?access=` token, close 4401),
+`offer_timeout` (no offer within the server's timeout, close 4408), `generation_failed`
+(close 1011). Refused before the websocket opens: a foreign `Origin` (HTTP 403), too many
+connections from one address (HTTP 429); see ``rtc/security.py``.
+
 An agent joins a running session with ``/ws?token=<token>&role=agent`` and speaks the agent
 protocol (``agent/protocol.py``, ``docs/agents.md``).
 """

@@ -5,6 +5,7 @@ a generation failure reaches the failure listeners once."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -102,3 +103,35 @@ def test_a_generation_failure_reaches_the_listeners_once(live_pipeline) -> None:
 
     avatar = run(body())
     assert [str(e) for e in seen] == ["boom"] and avatar.error is seen[0]
+
+
+def test_a_close_that_interrupts_a_step_is_not_a_failure(live_pipeline, caplog) -> None:
+    """Closing aborts the frame queue under a running step, which then raises: that is the
+    close, not a generation failure (no traceback, no failure listeners)."""
+    import logging
+
+    from pipeline.core.errors import SessionClosedError
+
+    seen: list[BaseException] = []
+
+    async def body():
+        avatar = AvatarSession(live_pipeline, make_reference())
+        avatar.failure_listeners.append(seen.append)
+        in_step = threading.Event()
+
+        def step_until_aborted(*a, **k):
+            in_step.set()
+            avatar._stop.wait(30)
+            raise SessionClosedError("FrameQueueSink is closed; no more frames accepted")
+
+        avatar.session.step = step_until_aborted
+        avatar.start()
+        await asyncio.to_thread(in_step.wait, 30)
+        await avatar.close()
+        await asyncio.sleep(0.1)
+        return avatar
+
+    with caplog.at_level(logging.DEBUG, logger="talkloop.agent"):
+        avatar = run(body())
+    assert seen == [] and avatar.error is None
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
