@@ -16,7 +16,7 @@ from pipeline.core.pipeline import Pipeline
 from pipeline.models.registry import installed_weights, load_reference
 from rtc.live import LiveConfig
 from rtc.security import AccessPolicy
-from rtc.server import OFFER_TIMEOUT_S, AvatarServer
+from rtc.server import OFFER_TIMEOUT_S, AvatarServer, check_sessions
 
 # Live calls trade throughput for latency: short N chunks (a chunk's audio must be heard before
 # it is generated, and the playout delay is two chunks plus the look-ahead plus 40 ms, see
@@ -47,21 +47,6 @@ def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
     if not sampler_given and base.get("model", {}).get("family", "studio") == "studio":
         out["sampler"] = {**base.get("sampler", {}), **LIVE_SAMPLER}
     return out
-
-
-def check_sessions(config: TalkloopConfig, max_sessions: int) -> None:
-    """Refuse settings that cannot serve ``max_sessions`` calls at once.
-
-    An offloaded module streams its blocks through one ring of device slots (its
-    BlockOffloader); two sessions' generation threads would overwrite each other's blocks.
-    """
-    offloaded = [n for n, m in config.model.placement.model_dump().items() if m == "offloaded"]
-    if offloaded and max_sessions > 1:
-        raise ConfigError(
-            f"--placement {','.join(f'{n}=offloaded' for n in offloaded)} serves one session at "
-            f"a time (the offloaded blocks share one ring of device slots), but --max-sessions is "
-            f"{max_sessions}; use --max-sessions 1 or resident placement"
-        )
 
 
 def load_avatar(path: str | Path | None, config: TalkloopConfig) -> np.ndarray:

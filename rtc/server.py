@@ -44,7 +44,8 @@ from websockets.http11 import Request, Response
 from agent.frames import PlaybackEvent, PlaybackStarted
 from agent.protocol import AgentChannel, event_message
 from agent.session import MAX_QUEUED_SAYS
-from pipeline.core.errors import TalkloopError
+from pipeline.core.config import TalkloopConfig
+from pipeline.core.errors import ConfigError, TalkloopError
 from pipeline.core.pipeline import Pipeline
 from pipeline.outputs.sink import Sink
 from rtc.avatar import AVATAR_WAIT_S, decode_avatar
@@ -59,12 +60,34 @@ WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 MAX_MESSAGE_BYTES = 256 * 1024
 STATS_INTERVAL_S = 1.0
 OFFER_TIMEOUT_S = 20.0
-__all__ = ["MAX_QUEUED_SAYS", "OFFER_TIMEOUT_S", "AvatarServer", "Entry", "session_token"]
+__all__ = [
+    "MAX_QUEUED_SAYS",
+    "OFFER_TIMEOUT_S",
+    "AvatarServer",
+    "Entry",
+    "check_sessions",
+    "session_token",
+]
 
 
 def error_code(err: TalkloopError) -> str:
     """The protocol code of an error that is not a ProtocolError: busy (retry later) or not."""
     return "busy" if err.retryable else "bad_request"
+
+
+def check_sessions(config: TalkloopConfig, max_sessions: int) -> None:
+    """Refuse settings that cannot serve ``max_sessions`` calls at once.
+
+    An offloaded module streams its blocks through one ring of device slots (its
+    BlockOffloader); two sessions' generation threads would overwrite each other's blocks.
+    """
+    offloaded = [n for n, m in config.model.placement.model_dump().items() if m == "offloaded"]
+    if offloaded and max_sessions > 1:
+        raise ConfigError(
+            f"--placement {','.join(f'{n}=offloaded' for n in offloaded)} serves one session at "
+            f"a time (the offloaded blocks share one ring of device slots), but --max-sessions is "
+            f"{max_sessions}; use --max-sessions 1 or resident placement"
+        )
 
 
 def client_address(ws: ServerConnection) -> str:
@@ -129,6 +152,7 @@ class AvatarServer:
         access: AccessPolicy | None = None,
         offer_timeout_s: float = OFFER_TIMEOUT_S,
     ) -> None:
+        check_sessions(pipeline.config, max_sessions)
         self.pipeline = pipeline
         self.access = access or AccessPolicy()
         self.offer_timeout_s = offer_timeout_s

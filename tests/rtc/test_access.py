@@ -332,3 +332,15 @@ def test_the_avatar_upload_obeys_the_same_rules(pipeline) -> None:
     (msg, code), status, sessions = run(serving(pipeline, body, access=AccessPolicy(TOKEN)))
     assert msg["code"] == "bad_access" and code == 4401
     assert status == 403 and sessions == 0
+
+
+def test_the_server_itself_refuses_offloaded_placement_for_several_sessions() -> None:
+    """Not only the CLI: an in-process AvatarServer (tests, embedders) is refused too."""
+    from types import SimpleNamespace
+
+    from pipeline.core.errors import ConfigError
+
+    offloaded = SimpleNamespace(config=tiny_config(model={"placement": {"a2v": "offloaded"}}))
+    with pytest.raises(ConfigError, match="--max-sessions is 2"):
+        AvatarServer(offloaded, make_reference(), max_sessions=2)
+    AvatarServer(offloaded, make_reference(), max_sessions=1).executor.shutdown()
