@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline.core.errors import ConfigError
 from rtc.security import (
     DEFAULT_MAX_CONNECTIONS_PER_IP,
+    OFFER_TIMEOUT_S,
     AccessPolicy,
     check_exposure,
     check_token,
@@ -21,7 +22,6 @@ from rtc.security import (
 )
 from rtc.tls import default_folder, fingerprint, self_signed, server_context
 
-OFFER_TIMEOUT_S = 20.0  # rtc.server.OFFER_TIMEOUT_S; not imported: that pulls in the pipeline
 WILDCARDS = ("", "0.0.0.0", "::")
 
 

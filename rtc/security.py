@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from pipeline.core.errors import ConfigError
 
 DEFAULT_MAX_CONNECTIONS_PER_IP = 4
+OFFER_TIMEOUT_S = 20.0  # a session whose page sends no offer this long (and has no agent) ends
 
 
 def normalize_origin(origin: str) -> str:

@@ -52,14 +52,13 @@ from rtc.avatar import AVATAR_WAIT_S, decode_avatar
 from rtc.live import LiveConfig, LiveSession
 from rtc.peer import Peer
 from rtc.protocol import ProtocolError, error, parse_message
-from rtc.security import AccessPolicy
+from rtc.security import OFFER_TIMEOUT_S, AccessPolicy
 
 log = logging.getLogger("talkloop.server")
 
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 MAX_MESSAGE_BYTES = 256 * 1024
 STATS_INTERVAL_S = 1.0
-OFFER_TIMEOUT_S = 20.0
 __all__ = [
     "MAX_QUEUED_SAYS",
     "OFFER_TIMEOUT_S",
