@@ -60,6 +60,16 @@ async function startCall() {
     ui.call.disabled = false;
     return setStatus("Access token needed", "error");
   }
+  // The microphone before the session: the server closes a session whose offer does not come
+  // within its offer timeout, and a permission prompt can stay open longer than that.
+  try {
+    call.mic = await navigator.mediaDevices.getUserMedia({
+      audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
+    });
+  } catch (err) {
+    call.mic = null;
+    log("microphone unavailable: the avatar will still speak what you type", true);
+  }
   const query = new URLSearchParams();
   if (call.avatar) query.set("avatar", "1");
   if (access) query.set("access", access);
@@ -118,14 +128,9 @@ async function beginMedia(session) {
   if (session.prompt) ui.prompt.value = session.prompt;
   const pc = new RTCPeerConnection();
   call.pc = pc;
-  try {
-    call.mic = await navigator.mediaDevices.getUserMedia({
-      audio: { echoCancellation: true, noiseSuppression: true, channelCount: 1 },
-    });
+  if (call.mic) {
     for (const track of call.mic.getAudioTracks()) pc.addTrack(track, call.mic);
-  } catch (err) {
-    call.mic = null;
-    log("microphone unavailable: the avatar will still speak what you type", true);
+  } else {
     pc.addTransceiver("audio", { direction: "recvonly" });
   }
   pc.addTransceiver("video", { direction: "recvonly" });
