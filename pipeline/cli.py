@@ -292,6 +292,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             ssl_context=serving.ssl_context,
             offer_timeout_s=serving.offer_timeout_s,
             notes=serving.notes,
+            ice=serving.ice,
         )
     )
     return 0

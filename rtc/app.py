@@ -14,6 +14,7 @@ from pipeline.core.config import TalkloopConfig
 from pipeline.core.errors import ConfigError
 from pipeline.core.pipeline import Pipeline
 from pipeline.models.registry import installed_weights, load_reference
+from rtc.ice import IceConfig
 from rtc.live import LiveConfig
 from rtc.security import AccessPolicy
 from rtc.server import OFFER_TIMEOUT_S, AvatarServer, check_sessions
@@ -68,6 +69,7 @@ async def serve_forever(
     ssl_context: ssl.SSLContext | None = None,
     offer_timeout_s: float = OFFER_TIMEOUT_S,
     notes: list[str] | None = None,
+    ice: IceConfig | None = None,
 ) -> None:
     pipeline = await asyncio.to_thread(Pipeline.from_config, config)
     # Load the text encoder now (seconds), not when the first prompt arrives mid-call.
@@ -84,6 +86,7 @@ async def serve_forever(
         mirror_factory=mirror_factory,
         access=access,
         offer_timeout_s=offer_timeout_s,
+        ice=ice,
     )
     try:
         bound = await server.start(host, port, ssl_context=ssl_context)

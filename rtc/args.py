@@ -1,4 +1,5 @@
-"""The network flags of `talkloop serve`: TLS, access token, origins, per-address cap, offer timeout.
+"""The network flags of `talkloop serve`: TLS, access token, origins, per-address cap, offer timeout,
+ICE servers.
 
 ``add_serving_args`` declares them; ``serving_from_args`` checks them (one ConfigError line per
 problem, before anything is loaded) and returns what the server needs.
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.errors import ConfigError
+from rtc.ice import URL_FORMS, IceConfig
 from rtc.security import (
     DEFAULT_MAX_CONNECTIONS_PER_IP,
     OFFER_TIMEOUT_S,
@@ -77,6 +79,21 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
         f"connected (default {OFFER_TIMEOUT_S:g})",
     )
     g.add_argument(
+        "--ice-server",
+        action="append",
+        default=None,
+        metavar="URL",
+        help=f"STUN/TURN server of every call, for this server and the page: {URL_FORMS}; "
+        "repeatable; 'none' for no server at all. Default: aiortc's public STUN server",
+    )
+    g.add_argument("--ice-username", metavar="USER", help="user name of the turn: --ice-server")
+    g.add_argument("--ice-credential", metavar="PASS", help="password of the turn: --ice-server")
+    g.add_argument(
+        "--ice-relay-only",
+        action="store_true",
+        help="calls go through the TURN server only (iceTransportPolicy relay, both sides)",
+    )
+    g.add_argument(
         "--insecure",
         action="store_true",
         help="serve a non-loopback --host without access token and/or TLS (trusted networks)",
@@ -90,6 +107,7 @@ class Serving:
     access: AccessPolicy
     ssl_context: ssl.SSLContext | None
     offer_timeout_s: float
+    ice: IceConfig = field(default_factory=IceConfig)
     notes: list[str] = field(default_factory=list)
 
 
@@ -139,4 +157,18 @@ def serving_from_args(args: argparse.Namespace) -> Serving:
         )
     if token is None and not is_loopback(args.host):
         notes.append("warning: no access token: anyone who reaches this port can open calls")
-    return Serving(access, context, args.offer_timeout_s, notes)
+    return Serving(access, context, args.offer_timeout_s, ice_from_args(args), notes)
+
+
+def ice_from_args(args: argparse.Namespace) -> IceConfig:
+    """``--ice-server`` (``none``: no server), credentials and ``--ice-relay-only``.
+
+    Raises:
+        ConfigError: a bad URL, credentials without a TURN server or the other way round.
+    """
+    urls = args.ice_server
+    if urls is not None and "none" in urls:
+        if len(urls) > 1:
+            raise ConfigError("--ice-server none means no ICE server: give it alone")
+        urls = []
+    return IceConfig(urls, args.ice_username, args.ice_credential, args.ice_relay_only)

@@ -16,7 +16,7 @@ from fractions import Fraction
 import av
 import numpy as np
 import websockets
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.audio.io import float_to_pcm16
@@ -97,10 +97,14 @@ async def run_call(
     say: str | None = None,
     keep_frames: int = 0,
     read_stamps: bool = False,
+    configuration: RTCConfiguration | None = None,
 ) -> CallResult:
-    """Open a session at ``url`` (ws://host:port/ws), call for ``seconds``, hang up."""
+    """Open a session at ``url`` (ws://host:port/ws), call for ``seconds``, hang up.
+
+    ``configuration``: this peer's ICE servers and transport policy (None: aiortc's default).
+    """
     result = CallResult()
-    pc = RTCPeerConnection()
+    pc = RTCPeerConnection(configuration)
     microphone = WavMicrophone(mic if mic is not None else np.zeros(0, np.float32), mic_rate)
     pc.addTrack(microphone)
     pc.addTransceiver("video", direction="recvonly")

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaBlackhole
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import candidate_from_sdp
@@ -25,11 +25,23 @@ def preferred_video_codecs() -> list:
 
 
 class Peer:
-    """One RTCPeerConnection bound to a LiveSession."""
+    """One RTCPeerConnection bound to a LiveSession.
 
-    def __init__(self, live: LiveSession, on_closed: Callable[[], Awaitable[None]]) -> None:
+    Args:
+        live: the session whose tracks this call carries.
+        on_closed: called once when the connection fails or closes on its own.
+        configuration: ICE servers and transport policy (``rtc.ice.IceConfig``); None: aiortc's
+            default (a public STUN server).
+    """
+
+    def __init__(
+        self,
+        live: LiveSession,
+        on_closed: Callable[[], Awaitable[None]],
+        configuration: RTCConfiguration | None = None,
+    ) -> None:
         self.live = live
-        self.pc = RTCPeerConnection()
+        self.pc = RTCPeerConnection(configuration)
         self._on_closed = on_closed
         self._blackholes: list[MediaBlackhole] = []
         self._tasks: list[asyncio.Future] = []

@@ -49,6 +49,7 @@ from pipeline.core.errors import ConfigError, TalkloopError
 from pipeline.core.pipeline import Pipeline
 from pipeline.outputs.sink import Sink
 from rtc.avatar import AVATAR_WAIT_S, decode_avatar
+from rtc.ice import IceConfig
 from rtc.live import LiveConfig, LiveSession
 from rtc.peer import Peer
 from rtc.protocol import ProtocolError, error, parse_message
@@ -136,6 +137,7 @@ class AvatarServer:
             server's own origin, ``DEFAULT_MAX_CONNECTIONS_PER_IP``.
         offer_timeout_s: a session whose page sends no offer this long (while no agent is
             connected) is closed with ``offer_timeout``.
+        ice: the STUN/TURN servers of every call, for our peer and (in ``session``) the page.
     """
 
     def __init__(
@@ -150,8 +152,10 @@ class AvatarServer:
         mirror_factory: Callable[[int], list[Sink]] | None = None,
         access: AccessPolicy | None = None,
         offer_timeout_s: float = OFFER_TIMEOUT_S,
+        ice: IceConfig | None = None,
     ) -> None:
         check_sessions(pipeline.config, max_sessions)
+        self.ice = ice or IceConfig()
         self.pipeline = pipeline
         self.access = access or AccessPolicy()
         self.offer_timeout_s = offer_timeout_s
@@ -347,6 +351,7 @@ class AvatarServer:
                             "fps": self.pipeline.info.fps,
                         },
                         "prompt": self.prompt,
+                        "ice": self.ice.for_page(),
                     }
                 )
             )
@@ -405,7 +410,7 @@ class AvatarServer:
                 raise ProtocolError(
                     "bad_state", "this session already has a call; open a new session"
                 )
-            peer = Peer(live, lambda: self._close(entry))
+            peer = Peer(live, lambda: self._close(entry), self.ice.rtc_configuration())
             entry.peer = peer
             self._disarm_offer_timer(entry)
             try:

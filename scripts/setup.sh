@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up talkloop in ./.venv: system packages (as root, with apt-get), the CPU build of
-# PyTorch, then the project. `--test` adds the test dependencies, Chromium and Firefox ESR.
+# PyTorch, then the project. `--test` adds the test dependencies, Chromium, Firefox ESR and coturn.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
@@ -12,6 +12,8 @@ command -v espeak-ng >/dev/null 2>&1 || need+=(espeak-ng)
 if [ -n "$extras" ]; then
   [ -x /usr/bin/chromium ] || need+=(chromium)
   [ -x /usr/bin/firefox-esr ] || need+=(firefox-esr)
+  # The TURN tests relay calls through a real coturn, started on loopback addresses only.
+  command -v turnserver >/dev/null 2>&1 || need+=(coturn)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

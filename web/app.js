@@ -118,6 +118,18 @@ async function onMessage(msg) {
   }
 }
 
+// The server's ICE servers (STUN/TURN, `talkloop serve --ice-server`); `?relay=1` in the page's
+// address sends the call through the TURN server only, as `--ice-relay-only` does for every page.
+function iceConfiguration(ice) {
+  const config = { iceServers: (ice && ice.iceServers) || [] };
+  const relay = new URLSearchParams(location.search).get("relay") === "1";
+  config.iceTransportPolicy = relay || (ice && ice.iceTransportPolicy === "relay") ? "relay" : "all";
+  if (config.iceTransportPolicy === "relay" && !config.iceServers.some((s) => String(s.urls).startsWith("turn"))) {
+    log("relay only, but the server names no TURN server: the call cannot connect", true);
+  }
+  return config;
+}
+
 async function beginMedia(session) {
   call.token = session.token;
   const scheme = location.protocol === "https:" ? "wss" : "ws";
@@ -126,7 +138,7 @@ async function beginMedia(session) {
   $("agent-access").hidden = !sessionStorage.getItem(ACCESS_KEY);
   if (session.notice) { ui.notice.textContent = session.notice; ui.notice.hidden = false; }
   if (session.prompt) ui.prompt.value = session.prompt;
-  const pc = new RTCPeerConnection();
+  const pc = new RTCPeerConnection(iceConfiguration(session.ice));
   call.pc = pc;
   if (call.mic) {
     for (const track of call.mic.getAudioTracks()) pc.addTrack(track, call.mic);

@@ -1,0 +1,67 @@
+"""Calls relayed by a real TURN server (Debian's coturn on a loopback address, inside the test's
+own network namespace): an aiortc client and headless Chromium, relay only."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from netns import run_in_netns
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        shutil.which("turnserver") is None, reason="needs coturn (scripts/setup.sh --test)"
+    ),
+]
+needs_chromium = pytest.mark.skipif(
+    not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium"
+)
+TURN_HOST = "127.0.0.3"
+
+
+def test_a_relay_only_aiortc_client_calls_through_coturn() -> None:
+    r = run_in_netns("turn.py", "--seconds", "5")
+    assert r["errors"] == [] and r["codec"] == "H264"
+    assert r["video_frames"] >= 24 * 4 and r["fps"] >= 23
+    # the server tells the page its ICE servers (with the TURN credentials)
+    assert r["session_ice"]["iceServers"][0]["urls"] == f"turn:{TURN_HOST}:3478?transport=udp"
+    assert r["session_ice"]["iceTransportPolicy"] == "all"
+    # the pair aioice nominated: our relay (the only candidate a relay-only peer has) to the
+    # server; coturn allocated and opened a permission to the server's address
+    assert r["pair"][0] == "relay"
+    assert r["allocations"] >= 1 and r["server_host"] in r["relayed_peers"]
+    assert r["sessions_left"] == 0
+
+
+def page_call_is_live_through_the_relay(r: dict) -> None:
+    s = r["stats"]
+    assert s["codec"] == "video/H264" and s["frameWidth"] == 128
+    assert s["framesDecoded"] >= 24 * 4 and s["framesPerSecond"] >= 23
+    assert s["micPackets"] > 100  # the fake microphone reached the server, relayed too
+    assert r["pair"]["local"] == "relay" and r["pair"]["localAddress"] == TURN_HOST
+    assert r["pair"]["relayProtocol"] == "udp"
+    # coturn's own count of what it relayed between the peers (seen ~720 kB for 6 s of call)
+    assert r["relayed_bytes"] > 200_000
+    assert r["sessions_left"] == 0
+    assert [m for m in r["console"] if m.startswith("error")] == []
+
+
+@needs_chromium
+def test_chromium_relay_only_page_calls_through_coturn(tmp_path) -> None:
+    r = run_in_netns(
+        "turn_browser.py", "--relay", "page", "--screenshot", str(tmp_path / "relay.png")
+    )
+    page_call_is_live_through_the_relay(r)
+    assert r["pair"]["remote"] == "host"  # the server itself may be reached directly
+
+
+@needs_chromium
+def test_ice_relay_only_sends_both_sides_through_coturn(tmp_path) -> None:
+    r = run_in_netns(
+        "turn_browser.py", "--relay", "server", "--screenshot", str(tmp_path / "relay.png")
+    )
+    page_call_is_live_through_the_relay(r)
+    assert r["pair"]["remote"] == "relay"  # the server offered its relay candidate only
