@@ -13,7 +13,8 @@ Client -> server (JSON text messages):
 | `avatar`    | `image` (base64 JPEG/PNG/WebP)           | first message after `/ws?avatar=1`: the  |
 |             |                                          | call's avatar photo (``rtc/avatar.py``)  |
 
-Server -> client: `session` (token, notice), `answer` (sdp), `stats` (once a second), `error`
+Server -> client: `session` (token, notice, video, prompt, `ice`: the ``{iceServers,
+iceTransportPolicy}`` the page builds its RTCPeerConnection with, ``rtc/ice.py``), `answer` (sdp), `stats` (once a second), `error`
 (`code`, `message`), `speech` (`state`: started / finished / interrupted).
 
 A bad message gets an `error` and the session goes on. Codes: `bad_json` (also JSON nested too
