@@ -85,7 +85,9 @@ class MotionTrainConfig(BaseModel):
     )
     log_every: int = Field(50, ge=1)
     val_every: int = Field(1000, ge=1)
-    threads: int = Field(2, ge=1, le=256, description="torch CPU threads")
+    threads: int = Field(
+        1, ge=1, le=256, description="torch CPU threads (1: small matmuls, shared cores)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> MotionTrainConfig:
