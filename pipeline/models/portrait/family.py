@@ -38,6 +38,21 @@ INIT_SEED = 0
 NATIVE_SIZES = ((512, 512), (384, 384), (768, 768), (720, 1280))
 
 
+# The family's networks are small (a motion token per frame) and its renderer is a few remaps a
+# frame: split over threads they gain little, and next to the video encoder on 2 cores the
+# threads' barrier waits made the motion net 10-20x slower. One thread computes; the encoder
+# (its own thread) has the other core.
+COMPUTE_THREADS = 1
+
+
+def use_compute_threads() -> None:
+    """Give torch and OpenCV ``COMPUTE_THREADS`` threads in this process."""
+    import cv2
+
+    torch.set_num_threads(COMPUTE_THREADS)
+    cv2.setNumThreads(COMPUTE_THREADS)
+
+
 class PortraitConfig(BaseModel):
     """Root config of the portrait family; the networks' widths are checked to agree."""
 
@@ -76,9 +91,13 @@ def installed_weights() -> Path | None:
 
 
 def load_modules(config: TalkloopConfig) -> dict[str, Module]:
-    """Build the family's modules; load trained weights unless ``model.untrained`` is set."""
+    """Build the family's modules; load trained weights unless ``model.untrained`` is set.
+
+    Also sets this process to one compute thread for torch and OpenCV (``COMPUTE_THREADS``).
+    """
     from pipeline.models.registry import finish_modules, weights_folder
 
+    use_compute_threads()
     m = config.model
     folder = weights_folder(
         m, "portrait", installed_weights(), INSTALLED_WEIGHTS / "a2v.safetensors"
