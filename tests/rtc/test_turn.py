@@ -22,17 +22,20 @@ needs_chromium = pytest.mark.skipif(
 TURN_HOST = "127.0.0.3"
 
 
-def test_a_relay_only_aiortc_client_calls_through_coturn() -> None:
-    r = run_in_netns("turn.py", "--seconds", "5")
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+def test_a_relay_only_aiortc_client_calls_through_coturn(transport) -> None:
+    r = run_in_netns("turn.py", "--seconds", "5", "--transport", transport)
     assert r["errors"] == [] and r["codec"] == "H264"
     assert r["video_frames"] >= 24 * 4 and r["fps"] >= 23
     # the server tells the page its ICE servers (with the TURN credentials)
-    assert r["session_ice"]["iceServers"][0]["urls"] == f"turn:{TURN_HOST}:3478?transport=udp"
+    turn = f"turn:{TURN_HOST}:3478?transport={transport}"
+    assert r["session_ice"]["iceServers"][0]["urls"] == turn
     assert r["session_ice"]["iceTransportPolicy"] == "all"
     # the pair aioice nominated: our relay (the only candidate a relay-only peer has) to the
     # server; coturn allocated and opened a permission to the server's address
     assert r["pair"][0] == "relay"
     assert r["allocations"] >= 1 and r["server_host"] in r["relayed_peers"]
+    assert r["relayed_bytes"] > 200_000  # coturn's count of the call it relayed (seen ~500 kB)
     assert r["sessions_left"] == 0
 
 

@@ -26,9 +26,10 @@ USER, PASSWORD, REALM = "talkloop-test", "relay-password", "talkloop"
 class Turn:
     url: str  # turn:HOST:PORT?transport=udp
     log: Path
+    final: str | None = None  # the whole log once coturn has stopped
 
     def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.final if self.final is not None else self.log.read_text(errors="replace")
 
     def relayed_peers(self) -> list[str]:
         """Peer addresses coturn opened permissions or channels to (what it relayed to)."""
@@ -38,6 +39,16 @@ class Turn:
         """Bytes coturn relayed to and from peers, over the allocations that have ended."""
         lines = re.findall(r"peer usage: .*?rb=(\d+), .*?sb=(\d+)", self.text())
         return sum(int(rb) + int(sb) for rb, sb in lines)
+
+    def wait_for_usage(self, timeout: float = 5.0) -> None:
+        """coturn logs an allocation's traffic when it frees it, a moment after the client
+        deleted it (it frees allocations on a timer): wait until every allocation is freed, up
+        to ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self.text().count("peer usage:") < self.allocations():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
 
     def allocations(self) -> int:
         return len(re.findall(r"ALLOCATE processed, success", self.text()))
@@ -72,6 +83,7 @@ def coturn(transport: str = "udp") -> Iterator[Turn]:
             "--verbose",
         ]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        turn = Turn(f"turn:{TURN_HOST}:{TURN_PORT}?transport={transport}", log)
         try:
             deadline = time.monotonic() + 10
             while "UDP listener opened on" not in (log.read_text() if log.exists() else ""):
@@ -81,7 +93,7 @@ def coturn(transport: str = "udp") -> Iterator[Turn]:
                         + (log.read_text()[-2000:] if log.exists() else "no log")
                     )
                 time.sleep(0.05)
-            yield Turn(f"turn:{TURN_HOST}:{TURN_PORT}?transport={transport}", log)
+            yield turn
         finally:
             proc.terminate()
             try:
@@ -89,3 +101,5 @@ def coturn(transport: str = "udp") -> Iterator[Turn]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if log.exists():
+                turn.final = log.read_text(errors="replace")
