@@ -19,34 +19,22 @@ from rtc.live import LiveConfig
 from rtc.security import AccessPolicy
 from rtc.server import OFFER_TIMEOUT_S, AvatarServer, check_sessions
 
-# Live calls trade throughput for latency: short N chunks (a chunk's audio must be heard before
-# it is generated, and the playout delay is two chunks plus the look-ahead plus 40 ms, see
-# agent.session.default_playout_s), the same I-chunk smoothing. `talkloop bench --live`, 30 s calls
-# with the trained model at 2/1 steps on the 2-core CPU, back to back: 6-frame chunks at 500 ms:
-# glass-to-glass p50 565 / p95 606 ms, 8% late frames (in-server rtf 0.83); 5-frame chunks at
-# 480 ms: p50 543 / p95 572 ms, 9% late (rtf 0.92). 4-frame chunks (400 ms) reach p95 ~520 ms but
-# their in-server rtf (0.85-1.15 as this VM's speed drifts) leaves 5-40% of frames late.
-LIVE_SCHEDULE = {"first_len": 2, "n_len": 5, "i_len": 2, "ctx_len": 2}
-
 NO_WEIGHTS_NOTICE = (
     "No trained weights are installed: the avatar runs on random weights, so the video shows "
     "noise-like texture instead of a face. Lip sync, pacing and the call itself are real."
 )
 
 
-# Fewer Euler steps live: with short chunks the per-call cost dominates, and 4/2 steps do not
-# keep up with real time on a 2-core CPU next to the WebRTC encoder (measured with `talkloop
-# bench --live`: rtf 1.06 at 4/2 steps, generation alone 0.74; at 2/1 steps 0.53).
-LIVE_SAMPLER = {"steps": 2, "i_steps": 1}
-
-
 def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
-    """Apply the live schedule (unless the caller set one) and, unless ``sampler_given``, the
-    live sampler steps (studio only: the portrait family's motion net costs well under a
-    millisecond a frame, so it keeps its offline steps)."""
-    out = {**base, "schedule": {**LIVE_SCHEDULE, **base.get("schedule", {})}}
-    if not sampler_given and base.get("model", {}).get("family", "studio") == "studio":
-        out["sampler"] = {**base.get("sampler", {}), **LIVE_SAMPLER}
+    """Apply the family's live schedule (unless the caller set one) and, unless
+    ``sampler_given``, its live sampler steps (``LIVE_SCHEDULE``/``LIVE_SAMPLER`` of the family,
+    ``pipeline/models/registry.py``)."""
+    from pipeline.models.registry import family
+
+    fam = family(base.get("model", {}).get("family", "studio"))
+    out = {**base, "schedule": {**fam.LIVE_SCHEDULE, **base.get("schedule", {})}}
+    if not sampler_given:
+        out["sampler"] = {**base.get("sampler", {}), **fam.LIVE_SAMPLER}
     return out
 
 
@@ -125,8 +113,6 @@ def resolve_weights(
 
 __all__ = [
     "check_sessions",
-    "LIVE_SAMPLER",
-    "LIVE_SCHEDULE",
     "live_config_dict",
     "load_avatar",
     "resolve_weights",

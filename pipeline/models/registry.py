@@ -12,6 +12,7 @@ The contract (module-level names of ``pipeline/models/<name>/family.py``):
   family's default avatar) -> the ``(height, width, 3)`` uint8 image a session starts from;
 - ``installed_weights() -> Path | None``: the weights folder shipped with the package;
 - ``NATIVE_SIZES``: the (width, height) sizes the shipped weights were made for.
+- ``LIVE_SCHEDULE`` / ``LIVE_SAMPLER``: the chunk schedule and sampler overrides of live calls.
 """
 
 from __future__ import annotations

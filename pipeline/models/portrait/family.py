@@ -36,6 +36,12 @@ INIT_SEED = 0
 # Square 512 is the default; 384 and 768 and a 720x1280 phone framing are made for as well (the
 # renderer warps the photo at any size; the framing keeps the face at the same share of the frame).
 NATIVE_SIZES = ((512, 512), (384, 384), (768, 768), (720, 1280))
+# Live calls: 3-frame chunks (120 ms). The playout delay is two chunks plus the look-ahead plus
+# 40 ms (agent.session.default_playout_s): 320 ms here, against 480 ms with studio's 5-frame
+# chunks; the motion net's per-chunk cost is small enough to run a chunk this often. The
+# sampler keeps its offline steps.
+LIVE_SCHEDULE = {"first_len": 2, "n_len": 3, "i_len": 1, "ctx_len": 2}
+LIVE_SAMPLER: dict[str, int] = {}
 
 
 # The family's networks are small (a motion token per frame) and its renderer is a few remaps a
