@@ -89,6 +89,11 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ice-username", metavar="USER", help="user name of the turn: --ice-server")
     g.add_argument("--ice-credential", metavar="PASS", help="password of the turn: --ice-server")
     g.add_argument(
+        "--ice-credential-file",
+        metavar="FILE",
+        help="read --ice-credential from a file (first line), out of the process list",
+    )
+    g.add_argument(
         "--ice-relay-only",
         action="store_true",
         help="calls go through the TURN server only (iceTransportPolicy relay, both sides)",
@@ -167,8 +172,22 @@ def ice_from_args(args: argparse.Namespace) -> IceConfig:
         ConfigError: a bad URL, credentials without a TURN server or the other way round.
     """
     urls = args.ice_server
+    credential = args.ice_credential
+    if args.ice_credential_file:
+        if credential is not None:
+            raise ConfigError("give --ice-credential or --ice-credential-file, not both")
+        try:
+            lines = Path(args.ice_credential_file).read_text().splitlines()
+        except OSError as err:
+            raise ConfigError(
+                f"--ice-credential-file: cannot read {args.ice_credential_file}: "
+                f"{err.strerror or err}"
+            ) from None
+        credential = lines[0].strip() if lines else ""
+        if not credential:
+            raise ConfigError(f"--ice-credential-file {args.ice_credential_file} is empty")
     if urls is not None and "none" in urls:
         if len(urls) > 1:
             raise ConfigError("--ice-server none means no ICE server: give it alone")
         urls = []
-    return IceConfig(urls, args.ice_username, args.ice_credential, args.ice_relay_only)
+    return IceConfig(urls, args.ice_username, credential, args.ice_relay_only)

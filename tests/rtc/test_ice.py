@@ -121,6 +121,11 @@ def served(monkeypatch):
         (["--ice-server", "none", "--ice-server", "stun:s.example"], "give it alone"),
         (["--ice-server", TURN], "needs --ice-username"),
         (["--ice-relay-only"], "needs a TURN server"),
+        (
+            ["--ice-server", TURN, "--ice-username", "u", "--ice-credential-file", "/nonexistent"],
+            "cannot read /nonexistent",
+        ),
+        (["--ice-credential", "p", "--ice-credential-file", "/x"], "not both"),
     ],
 )
 def test_bad_ice_flags_exit_2_with_one_line(capsys, served, flags, message) -> None:
@@ -130,15 +135,20 @@ def test_bad_ice_flags_exit_2_with_one_line(capsys, served, flags, message) -> N
     assert not served
 
 
-def test_ice_flags_reach_the_server(served) -> None:
+def test_ice_flags_reach_the_server(served, tmp_path) -> None:
     flags = ["--ice-server", "stun:127.0.0.3", "--ice-server", TURN]
     flags += ["--ice-username", "u", "--ice-credential", "p", "--ice-relay-only"]
     assert main(["serve", *TINY, *flags]) == 0
     assert main(["serve", *TINY, "--ice-server", "none"]) == 0
     assert main(["serve", *TINY]) == 0
-    given, none, default = (k["ice"] for k in served)
+    secret = tmp_path / "turn-password"
+    secret.write_text("from-a-file\n")
+    flags = ["--ice-server", TURN, "--ice-username", "u", "--ice-credential-file", str(secret)]
+    assert main(["serve", *TINY, *flags]) == 0
+    given, none, default, from_file = (k["ice"] for k in served)
     assert given == IceConfig(["stun:127.0.0.3", TURN], "u", "p", relay_only=True)
     assert none.urls == [] and default.urls is None
+    assert from_file.credential == "from-a-file"
 
 
 def test_the_session_message_tells_the_page_and_the_peer_uses_them(
