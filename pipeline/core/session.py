@@ -243,7 +243,12 @@ class Session:
         del latents
         frames = p.run_phase(
             "publish",
-            {"segment_latents": display, "segment_audio": chunk_audio},  # both frames of n
+            {  # both: the frames of n, in display order
+                "segment_latents": display,
+                "segment_audio": chunk_audio,
+                "segment_start": n.start,
+                "seed": self.seed,
+            },
             state,
             self.stats.stage_seconds,
         ).pop("frames")

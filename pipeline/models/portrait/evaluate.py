@@ -32,6 +32,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.module import Module
 from pipeline.core.schedule import Timeline
 from pipeline.core.stage import Stage, StageContext
+from pipeline.models.portrait import family
 from pipeline.models.portrait.motion import PortraitMotionConfig, load_motion
 from pipeline.models.portrait.train import load_audio_encoder
 from pipeline.models.studio.sampling import euler_sample
@@ -44,10 +45,9 @@ from pipeline.studio.style import DESCRIBED_ABOVE, DESCRIBED_BELOW, field_phrase
 from pipeline.train.data import audio_windows
 from pipeline.train.metrics import envelope, lag_correlations, lipsync, seam_ratio
 
-# The live schedule and sampler of rtc/app.py (LIVE_SCHEDULE, LIVE_SAMPLER), written out so the
-# model package does not import the server.
-LIVE_SCHEDULE = ScheduleConfig(first_len=2, n_len=5, i_len=2, ctx_len=2)
-LIVE_SAMPLER = SamplerConfig(steps=2, i_steps=1)
+# The family's live schedule and sampler, as `talkloop serve` applies them.
+LIVE_SCHEDULE = ScheduleConfig(**family.LIVE_SCHEDULE)
+LIVE_SAMPLER = SamplerConfig(**family.LIVE_SAMPLER)
 OFFLINE_SCHEDULE = ScheduleConfig()
 OFFLINE_SAMPLER = SamplerConfig()
 FIELD = {name: i for i, name in enumerate(FRAME_FIELDS)}

@@ -185,6 +185,8 @@ def phases(config: TalkloopConfig) -> dict[str, Phase]:
         "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage()]),
         **chunk_phases(config.sampler),
         "publish": Phase(
-            "publish", frozenset({"segment_latents", "segment_audio"}), [PortraitRenderStage()]
+            "publish",
+            frozenset({"segment_latents", "segment_audio", "segment_start", "seed"}),
+            [PortraitRenderStage(config.video.fps)],
         ),
     }

@@ -6,8 +6,14 @@ the motion net is an A2V DiT over one 16-channel token per frame (``motion.py``)
 
 from __future__ import annotations
 
+import numpy as np
+
 from pipeline.core.errors import InputError
 from pipeline.core.stage import Stage, StageContext
+from pipeline.models.portrait.blinks import blink_track
+from pipeline.studio.params import FRAME_FIELDS
+
+BLINK = FRAME_FIELDS.index("blink")
 
 
 class PortraitReferenceStage(Stage):
@@ -35,13 +41,19 @@ class PortraitReferenceStage(Stage):
 
 
 class PortraitRenderStage(Stage):
-    """Motion latents in display order -> raw parameters -> frames warped from the photo."""
+    """Motion latents in display order -> raw parameters (plus the seeded blinks of
+    ``blinks.py``) -> frames warped from the photo."""
 
     name = "render"
-    reads = ("segment_latents", "ref_latent")
+    reads = ("segment_latents", "segment_start", "seed", "ref_latent")
     writes = ("frames",)
     needs = ("a2v",)
 
+    def __init__(self, fps: int) -> None:
+        self.fps = fps
+
     def run(self, ctx: StageContext) -> None:
         params = ctx.module("a2v").config.denormalise(ctx.read("segment_latents"))  # (T, 16)
+        blinks = blink_track(ctx.read("seed"), ctx.read("segment_start"), len(params), self.fps)
+        params[:, BLINK] = np.maximum(params[:, BLINK], blinks)
         ctx.write("frames", ctx.read("ref_latent").render(params))  # (T, H, W, 3) uint8

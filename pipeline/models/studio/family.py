@@ -298,7 +298,7 @@ def phases(config: TalkloopConfig) -> dict[str, Phase]:
         **chunk_phases(config.sampler),
         "publish": Phase(
             "publish",
-            frozenset({"segment_latents", "segment_audio"}),
+            frozenset({"segment_latents", "segment_audio", "segment_start", "seed"}),
             [SRStage(), MouthStage(), DecodeStage(config.schedule.n_len)],
         ),
     }
