@@ -1,0 +1,84 @@
+"""Headless Chromium picks a photo in the page and calls the portrait avatar made from it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import numpy as np
+from playwright.async_api import async_playwright
+
+from pipeline.assets import HELLO_WAV
+from pipeline.core.config import build_config
+from pipeline.core.pipeline import Pipeline
+from pipeline.models.registry import load_reference
+from rtc.app import live_config_dict
+
+from common import PAGE_STATS_JS, emit, start_server
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--photo", required=True)
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--screenshot", required=True)
+    args = ap.parse_args()
+    base = build_config(
+        video={"width": args.size, "height": args.size}, model={"family": "portrait"}
+    ).model_dump(mode="json")
+    base.pop("schedule")
+    config = build_config(**live_config_dict(base))
+    pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+    server, url = await start_server(pipeline)
+    server.reference = load_reference(config, None)  # the server's own avatar: the default
+    opened = []
+    server.on_session = opened.append
+    page_url = url.replace("ws://", "http://").removesuffix("/ws") + "/"
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--allow-loopback-in-peer-connection",
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={HELLO_WAV}",
+                "--autoplay-policy=no-user-gesture-required",
+            ],
+        )
+        page = await browser.new_page(viewport={"width": 1200, "height": 800})
+        console: list[str] = []
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        await page.goto(page_url)
+        await page.set_input_files("#avatar-file", args.photo)
+        await page.wait_for_function("!document.getElementById('avatar-pick').hidden")
+        await page.click("#call")
+        await page.wait_for_function(
+            "document.getElementById('status').textContent === 'Live'", timeout=60000
+        )
+        await page.fill("#say", "Hello, I am the person in your photo.")
+        await page.click("#say-btn")
+        await asyncio.sleep(args.seconds)
+        stats = await page.evaluate(PAGE_STATS_JS)
+        await page.screenshot(path=args.screenshot)
+        used = opened[0].session.state.ref_latent.image.astype(np.int16)  # the call's photo
+        await page.click("#call")
+        await asyncio.sleep(1.0)
+        await browser.close()
+    # The call's photo: the page's upload framed by the server, not the server's own avatar.
+    framed_upload = load_reference(config, args.photo).astype(np.int16)
+    own = server.reference.astype(np.int16)
+    await server.stop()
+    emit(
+        {
+            "stats": stats,
+            "diff_to_upload": float(np.abs(used - framed_upload).mean()),
+            "diff_to_default": float(np.abs(used - own).mean()),
+            "console": console[-20:],
+        }
+    )
+
+
+asyncio.run(main())

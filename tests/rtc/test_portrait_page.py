@@ -1,0 +1,30 @@
+"""The page: a user picks a photo of a person and calls the portrait avatar made from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from netns import run_in_netns
+
+pytestmark = pytest.mark.e2e
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+HOPPER = Path(__file__).resolve().parents[1] / "data" / "portraits" / "grace_hopper.jpg"
+
+
+@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+def test_a_photo_picked_in_the_page_is_the_avatar_of_the_call() -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "browser-portrait-upload.png"
+    shot.unlink(missing_ok=True)
+    r = run_in_netns(
+        "portrait_page.py", "--photo", str(HOPPER), "--screenshot", str(shot), timeout=300
+    )
+    s = r["stats"]
+    assert s["frameWidth"] == 256 and s["framesDecoded"] >= 20 * 5
+    assert s["framesPerSecond"] >= 20
+    # The session was opened on the uploaded photo (re-encoded by the page), not the default.
+    assert r["diff_to_upload"] < 6 < r["diff_to_default"]
+    assert [m for m in r["console"] if m.startswith("error")] == []
+    assert shot.stat().st_size > 10_000
