@@ -184,40 +184,46 @@ def inverse_offsets(field: np.ndarray, iterations: int = 3) -> np.ndarray:
         (h, w, 2) float32 ``s - p`` in pixels.
     """
     h, w = field.shape[:2]
-    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
-    jac = np.empty((h, w, 4), np.float32)  # d field_x / dx, dfx/dy, dfy/dx, dfy/dy
-    jac[..., 0], jac[..., 2] = (np.gradient(field[..., k], axis=1) / STEP for k in (0, 1))
-    jac[..., 1], jac[..., 3] = (np.gradient(field[..., k], axis=0) / STEP for k in (0, 1))
-    off = -field
-    best, best_res = off, None
+    # Planar (h, w) channels throughout: numpy on contiguous planes is several times faster
+    # than on the interleaved channels of an (h, w, 2) array.
+    field = np.ascontiguousarray(field, np.float32)
+    fx, fy = cv2.split(field)
+    gx = np.arange(w, dtype=np.float32)[None]  # (1, w) grid steps
+    gy = np.arange(h, dtype=np.float32)[:, None]  # (h, 1)
+    # d field_x / dx, dfx/dy, dfy/dx, dfy/dy, per pixel.
+    jac = cv2.merge(
+        [np.gradient(fx, axis=1), np.gradient(fx, axis=0)]
+        + [np.gradient(fy, axis=1), np.gradient(fy, axis=0)]
+    ) * np.float32(1 / STEP)
+    ox, oy = -fx, -fy  # (h, w) s - p
+    best_x, best_y, best_res = ox, oy, None
     for k in range(iterations):
-        sx, sy = gx + off[..., 0] / STEP, gy + off[..., 1] / STEP
+        sx, sy = gx + ox / STEP, gy + oy / STEP
         f = cv2.remap(field, sx, sy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        r = -off - f  # (h, w, 2) p - s - field(s)
-        res = r[..., 0] ** 2 + r[..., 1] ** 2
+        f_x, f_y = cv2.split(f)
+        rx, ry = -ox - f_x, -oy - f_y  # p - s - field(s)
+        res = rx * rx + ry * ry
         if best_res is None:
-            best, best_res = off, res
+            best_x, best_y, best_res = ox, oy, res
         else:
             # Where the warp folds there is no exact inverse and the steps wander: keep the
             # best guess each point has seen.
             better = res < best_res
-            best = np.where(better[..., None], off, best)
+            best_x, best_y = np.where(better, ox, best_x), np.where(better, oy, best_y)
             best_res = np.minimum(res, best_res)
         if k == iterations - 1:
             break
-        j = cv2.remap(jac, sx, sy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        a, b, c, d = j[..., 0] + 1, j[..., 1], j[..., 2], j[..., 3] + 1
+        ja, b, c, jd = cv2.split(
+            cv2.remap(jac, sx, sy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        )
+        a, d = ja + 1, jd + 1
         det = a * d - b * c
         # Newton where the warp is locally invertible; half the residual where it folds.
-        inv = 1.0 / np.maximum(det, 0.15)
         fold = det <= 0.15
-        step = np.empty_like(r)
-        step[..., 0] = (d * r[..., 0] - b * r[..., 1]) * inv
-        step[..., 1] = (a * r[..., 1] - c * r[..., 0]) * inv
-        step[fold] = 0.5 * r[fold]
-        off = off + step
-    off = best
-    return off.astype(np.float32)
+        inv = 1.0 / np.maximum(det, 0.15)
+        ox = ox + np.where(fold, 0.5 * rx, (d * rx - b * ry) * inv)
+        oy = oy + np.where(fold, 0.5 * ry, (a * ry - c * rx) * inv)
+    return cv2.merge([best_x, best_y])
 
 
 def exact_inverse(
@@ -241,25 +247,30 @@ def exact_inverse(
     y0, y1, x0, x1 = box
     h, w = y1 - y0, x1 - x0
     ids = np.full((h, w), -1, np.int32)
-    d = dst[triangles].astype(np.float64)  # (M, 3, 2)
+    d = dst[triangles].astype(np.float64) - (x0, y0)  # (M, 3, 2) in box pixels
     s = src[triangles].astype(np.float64)
     area = (d[:, 1, 0] - d[:, 0, 0]) * (d[:, 2, 1] - d[:, 0, 1]) - (d[:, 2, 0] - d[:, 0, 0]) * (
         d[:, 1, 1] - d[:, 0, 1]
     )
-    live = np.abs(area) > 1e-3
-    corners = np.round((d - (x0, y0)) * 16).astype(np.int32)  # 4 sub-pixel bits
-    for k in np.flatnonzero(live):
-        cv2.fillConvexPoly(ids, corners[k], int(k), cv2.LINE_8, 4)
-    # Affine frame -> photo per triangle: S @ inv(D) with D the homogeneous moved corners.
-    dh = np.concatenate([d.transpose(0, 2, 1), np.ones((len(d), 1, 3))], 1)  # (M, 3, 3)
-    dh[~live] = np.eye(3)
-    aff = s.transpose(0, 2, 1) @ np.linalg.inv(dh)  # (M, 2, 3)
-    covered = ids >= 0
-    k = ids[covered]
-    yy, xx = np.nonzero(covered)
-    gx, gy = xx + x0, yy + y0
-    mx = np.zeros((h, w), np.float32)
-    my = np.zeros((h, w), np.float32)
-    mx[covered] = aff[k, 0, 0] * gx + aff[k, 0, 1] * gy + aff[k, 0, 2]
-    my[covered] = aff[k, 1, 0] * gx + aff[k, 1, 1] * gy + aff[k, 1, 2]
-    return mx, my, covered
+    live = np.flatnonzero(np.abs(area) > 1e-3)
+    corners = np.round(d * 16).astype(np.int32)  # 4 sub-pixel bits
+    for k, c in zip(live.tolist(), corners[live], strict=True):
+        cv2.fillConvexPoly(ids, c, k, cv2.LINE_8, 4)
+    # Affine frame -> photo per triangle in closed form: a box pixel X at X = D0 + l1 e1 + l2 e2
+    # (e the moved edges from corner 0) samples the photo at S0 + l1 f1 + l2 f2.
+    e1, e2 = d[:, 1] - d[:, 0], d[:, 2] - d[:, 0]  # (M, 2)
+    f1, f2 = s[:, 1] - s[:, 0], s[:, 2] - s[:, 0]
+    det = np.where(np.abs(area) > 1e-3, area, 1.0)[:, None]  # e1 x e2 (unused where degenerate)
+    col_x = (f1 * e2[:, 1:] - f2 * e1[:, 1:]) / det  # (M, 2) d photo / d box x
+    col_y = (f2 * e1[:, :1] - f1 * e2[:, :1]) / det  # d photo / d box y
+    shift = s[:, 0] - col_x * d[:, :1, 0] - col_y * d[:, :1, 1]  # photo at box pixel (0, 0)
+    # One lookup per pixel and coefficient (box coordinates keep them small enough for
+    # float32); the last row (index -1) is zeros for the pixels no triangle covers.
+    gx = np.arange(w, dtype=np.float32)[None]
+    gy = np.arange(h, dtype=np.float32)[:, None]
+    maps = []
+    for k in range(2):
+        cx, cy, c0 = (np.append(c[:, k], 0.0).astype(np.float32) for c in (col_x, col_y, shift))
+        maps.append(cx.take(ids) * gx + cy.take(ids) * gy + c0.take(ids))
+    mx, my = maps
+    return mx, my, ids >= 0

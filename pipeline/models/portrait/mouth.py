@@ -22,6 +22,12 @@ TEMPLATE_TEETH = np.array([238.0, 228.0, 205.0])  # ivory
 AA_BITS = 3  # sub-pixel bits of the lip polygon
 
 
+# Seams between the teeth across the mouth: central incisors widest, narrowing towards the
+# corners (fixed, not random).
+_HALF_SEAMS = np.array([0.0, 0.2, 0.36, 0.5, 0.62, 0.73, 0.83])
+SEAMS = np.concatenate([-_HALF_SEAMS[:0:-1], _HALF_SEAMS])
+
+
 def _similarity(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Least-squares similarity (rotation, uniform scale, shift) taking src to dst: (2, 3)."""
     ms, md = src.mean(0), dst.mean(0)
@@ -42,10 +48,9 @@ def _invert(m: np.ndarray) -> np.ndarray:
 
 def _tooth_pattern(t: np.ndarray) -> np.ndarray:
     """Brightness of a row of teeth across the mouth (t in [-1, 1]): dark seams between teeth."""
-    # Seams: central incisors widest, narrowing towards the corners (fixed, not random).
-    seams = np.array([0.0, 0.2, 0.36, 0.5, 0.62, 0.73, 0.83])
-    seams = np.concatenate([-seams[:0:-1], seams])
-    d = np.min(np.abs(t[..., None] - seams), axis=-1)
+    # The nearest seam is one of the two around t (the seams are sorted).
+    i = np.searchsorted(SEAMS, t).clip(1, len(SEAMS) - 1)
+    d = np.minimum(np.abs(t - SEAMS[i - 1]), np.abs(t - SEAMS[i]))
     return 1.0 - 0.16 * np.exp(-((d / 0.009) ** 2))
 
 
@@ -132,9 +137,8 @@ class MouthPainter:
         if not mask.any():
             return
         m = mask.astype(np.float32)[..., None] / 255.0
-        gx, gy = np.meshgrid(
-            np.arange(x0, x1, dtype=np.float64), np.arange(y0, y1, dtype=np.float64)
-        )
+        gx = np.arange(x0, x1, dtype=np.float64)[None]  # (1, cw)
+        gy = np.arange(y0, y1, dtype=np.float64)[:, None]  # (ch, 1)
         a_up = _similarity(self.src_up, skull)
         a_lo = _similarity(self.src_lo, lo)
         # Frame pixels in the photo's coordinates, as seen by the upper / lower jaw.

@@ -74,16 +74,16 @@ class PortraitRenderer:
         self.rig = FaceRig(self.mesh, landmarks, h, mobility)
         self.layer = PersonLayer(self.image, mask)
         y0, y1, x0, x1 = self.mesh.box
-        self._grid = np.meshgrid(
-            np.arange(x0, x1, dtype=np.float32), np.arange(y0, y1, dtype=np.float32)
-        )  # the box's pixel coordinates
+        self._grid = np.dstack(
+            np.meshgrid(np.arange(x0, x1, dtype=np.float32), np.arange(y0, y1, dtype=np.float32))
+        )  # (bh, bw, 2) the box's pixel coordinates
         self._plate = np.ascontiguousarray(self.layer.plate[y0:y1, x0:x1])
         self.eyes = EyeWarp(landmarks, (h, w))
         self.mouth = MouthPainter(self.image, landmarks)
         self.landmarks = landmarks
         self.mouth_triangles = self._mouth_zone()
-        self._inner_up = list(topo.LIPS_INNER_UPPER)
-        self._inner_lo = list(topo.LIPS_INNER_LOWER)
+        self._inner_up = np.array(topo.LIPS_INNER_UPPER)
+        self._inner_lo = np.array(topo.LIPS_INNER_LOWER)
 
     def _mouth_zone(self) -> np.ndarray:
         """Triangles around the mouth whose inverse is rasterised exactly (the gap strip
@@ -114,8 +114,13 @@ class PortraitRenderer:
             raise InputError(f"portrait mask must be ({h}, {w}) finite floats, got {mask.shape}")
         return np.clip(mask, 0.0, 1.0)
 
-    def _exact_mouth(self, d: np.ndarray, mx: np.ndarray, my: np.ndarray) -> None:
-        """Overwrite the fixed-point maps around the mouth with the exact inverse (in place)."""
+    def _exact_mouth(self, d: np.ndarray, xy: np.ndarray) -> None:
+        """Overwrite the fixed-point map around the mouth with the exact inverse (in place).
+
+        Args:
+            d: (V, 2) vertex displacements of the frame.
+            xy: (bh, bw, 2) float32 the box's sampling map (photo x, y per box pixel).
+        """
         tris = self.mouth_triangles
         if not np.any(d[tris]):
             return
@@ -132,10 +137,11 @@ class PortraitRenderer:
         sub = (slice(zone[0] - y0, zone[1] - y0), slice(zone[2] - x0, zone[3] - x0))
         # Feather the seam over a few pixels: just outside the zone the fixed-point maps are
         # off by up to a pixel, which a hard switch would show as a doubled line of skin.
-        inner = cv2.distanceTransform(covered.astype(np.uint8), cv2.DIST_L2, 3)
-        w = np.clip(inner / SEAM, 0, 1)
-        mx[sub] = mx[sub] * (1 - w) + ex * w
-        my[sub] = my[sub] * (1 - w) + ey * w
+        inner = cv2.distanceTransform(covered.view(np.uint8), cv2.DIST_L2, 3)
+        w = np.minimum(inner * (1 / SEAM), 1)  # (zh, zw) distances are never negative
+        mx, my = xy[..., 0][sub], xy[..., 1][sub]  # views into the map
+        mx += (ex - mx) * w
+        my += (ey - my) * w
 
     def render(self, params: np.ndarray) -> np.ndarray:
         """Frames for a batch of motion parameters.
@@ -156,11 +162,13 @@ class PortraitRenderer:
             raise InputError("portrait params contain NaN or infinite values")
         # A motion model may overshoot: hold every field to its documented range.
         params = np.clip(params.astype(np.float32), PARAM_LOW, PARAM_HIGH)
-        disp = self.rig.displacements(params)  # (T, V, 2)
         head_only = np.zeros_like(params)
         for name in ("yaw", "pitch", "roll", "tx", "ty"):
             head_only[:, F[name]] = params[:, F[name]]
-        skull = self.rig.displacements(head_only)[:, self._inner_up]  # (T, 11, 2)
+        # One rig call for both (its cost is per call, not per vertex, at a few frames).
+        both = self.rig.displacements(np.concatenate([params, head_only]))  # (2T, V, 2)
+        disp = both[: len(params)]  # (T, V, 2)
+        skull = both[len(params) :, self._inner_up]  # (T, 11, 2)
         frames = np.empty((len(params), self.height, self.width, 3), np.uint8)
         y0, y1, x0, x1 = self.mesh.box
         oval_idx = list(topo.FACE_OVAL)
@@ -190,13 +198,14 @@ class PortraitRenderer:
                 field = self.mesh.field(d)  # (ch, cw, 2)
                 off = inverse_offsets(field, INVERSE_STEPS)
                 off = cv2.resize(off, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
-                mx, my = self._grid[0] + off[..., 0], self._grid[1] + off[..., 1]  # (bh, bw)
+                # One interleaved (bh, bw, 2) map: x and y without splitting the offsets.
+                xy = cv2.add(self._grid, off)
                 if opened:
-                    self._exact_mouth(d, mx, my)
+                    self._exact_mouth(d, xy)
                 warped = cv2.remap(
-                    source, mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+                    source, xy, None, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
                 )
-                alpha = cv2.remap(self.layer.alpha, mx, my, cv2.INTER_LINEAR)
+                alpha = cv2.remap(self.layer.alpha, xy, None, cv2.INTER_LINEAR)
                 # The face itself is never see-through, whatever the mask's edge does there.
                 oval = np.round((moved_oval(d) - (x0, y0)) * 8).astype(np.int32)
                 cv2.fillPoly(alpha, [oval], 1.0, cv2.LINE_AA, 3)

@@ -16,6 +16,7 @@ from pipeline.core.errors import InputError
 from pipeline.models.portrait import topology as topo
 from pipeline.models.portrait.eyes import LID_SKIN
 from pipeline.models.portrait.framing import Portrait, frame_portrait
+from pipeline.models.portrait.mesh import STEP, exact_inverse, inverse_offsets
 from pipeline.models.portrait.render import PortraitRenderer
 from pipeline.studio.params import FRAME_FIELDS
 
@@ -312,3 +313,43 @@ def test_parameters_out_of_range_are_held_to_their_range(collins):
     inside = _params(1, mouth_open=1.0, smile=-1.0, yaw=0.35, tx=0.25, blink=0.0)
     beyond = _params(1, mouth_open=3.0, smile=-5.0, yaw=2.0, tx=1.0, blink=-1.0)
     assert np.array_equal(r.render(beyond), r.render(inside))
+
+
+def test_exact_inverse_undoes_an_affine_motion_of_the_mouth(collins):
+    # Every vertex moved by one affine map A: the exact inverse must give A^-1 at every pixel
+    # it covers, whichever moved triangle the pixel falls in. Tolerance: 1e-3 px (float32
+    # maps of coordinates of a few hundred pixels).
+    _, r = collins
+    src = r.mesh.points
+    a = np.array([[1.08, 0.05], [-0.03, 1.2]])
+    shift = np.array([3.5, -2.25])
+    dst = (src @ a.T + shift).astype(np.float32)
+    tris = r.mouth_triangles
+    pts = dst[np.unique(tris)]
+    (x0, y0), (x1, y1) = np.floor(pts.min(0)).astype(int), np.ceil(pts.max(0)).astype(int)
+    mx, my, covered = exact_inverse(src, dst, tris, (y0, y1, x0, x1))
+    assert covered.mean() > 0.5
+    yy, xx = np.nonzero(covered)
+    want = np.linalg.solve(a, np.stack([xx + x0, yy + y0]) - shift[:, None])  # (2, n)
+    assert np.abs(mx[covered] - want[0]).max() < 1e-3
+    assert np.abs(my[covered] - want[1]).max() < 1e-3
+    assert not mx[~covered].any() and not my[~covered].any()
+
+
+def test_inverse_offsets_invert_a_smooth_field():
+    # A smooth field that stretches by up to ~1.5x: Newton's steps land each output point on
+    # the source point the field carries there (residual under 0.05 px; the field is sampled
+    # bilinearly on the coarse grid, as the renderer does).
+    h, w = 40, 50
+    gy, gx = np.mgrid[0:h, 0:w].astype(np.float32) * STEP
+    field = np.stack([6 * np.sin(gx / 60) + 0.1 * gy, 5 * np.cos(gy / 45) - 0.05 * gx], -1).astype(
+        np.float32
+    )
+    off = inverse_offsets(field, 3)
+    sx = (gx + off[..., 0]) / STEP
+    sy = (gy + off[..., 1]) / STEP
+    f = cv2.remap(field, sx, sy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    inside = (sx > 1) & (sx < w - 2) & (sy > 1) & (sy < h - 2)
+    residual = np.hypot(-off[..., 0] - f[..., 0], -off[..., 1] - f[..., 1])
+    assert inside.mean() > 0.7
+    assert residual[inside].max() < 0.05
