@@ -55,7 +55,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--family",
         choices=["studio", "portrait"],
-        default="studio",
+        default="portrait",
         help="portrait: a real person from one photo (--reference PHOTO); studio: the "
         "synthetic characters",
     )
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace):
     from pipeline.core.config import build_config
 
-    family = getattr(args, "family", "studio")
+    family = getattr(args, "family", "portrait")
     from pipeline.models.registry import family as family_module
 
     width, height = getattr(args, "size", None) or family_module(family).NATIVE_SIZES[0]

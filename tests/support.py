@@ -56,7 +56,7 @@ def tiny_config(**overrides):
         "video": {"width": 64, "height": 64, "fps": 25},
         "schedule": {"first_len": 2, "n_len": 6, "i_len": 2, "ctx_len": 2},
         "sampler": {"steps": 2},
-        "model": {"preset": "tiny", "untrained": True, "dtype": "float32"},
+        "model": {"family": "studio", "preset": "tiny", "untrained": True, "dtype": "float32"},
     }
     for key, value in overrides.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value

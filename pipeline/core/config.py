@@ -158,7 +158,7 @@ class PlacementConfig(_Strict):
 
 class ModelConfig(_Strict):
     family: Family = Field(
-        "studio",
+        "portrait",
         description="studio: the synthetic characters' latent model; portrait: a real person "
         "from one photo, animated by warping it",
     )

@@ -20,6 +20,8 @@ def test_bench_tiny_writes_json_and_plot(tmp_path: Path, capsys) -> None:
     code = main(
         [
             "bench",
+            "--family",
+            "studio",
             "--untrained",
             "--preset",
             "tiny",

@@ -39,7 +39,10 @@ def test_default_render_opens_the_mouth_for_speech_and_closes_it_in_pauses(
     wav, out = tmp_path / "speech.wav", tmp_path / "out.mp4"
     write_wav(wav, np.concatenate([pause, speech, pause]), 16000)
 
-    assert main(["render", "--audio", str(wav), "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(["render", "--family", "studio", "--audio", str(wav), "--out", str(out), "--quiet"])
+        == 0
+    )
 
     with av.open(str(out)) as c:
         frames = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])

@@ -19,7 +19,18 @@ from pipeline.cli import main
 
 from support import make_reference
 
-TINY = ["--untrained", "--preset", "tiny", "--size", "64", "--steps", "2", "--quiet"]
+TINY = [
+    "--family",
+    "studio",
+    "--untrained",
+    "--preset",
+    "tiny",
+    "--size",
+    "64",
+    "--steps",
+    "2",
+    "--quiet",
+]
 
 
 @pytest.fixture
@@ -122,7 +133,9 @@ def test_default_model_without_installed_weights_says_so(files, capsys, monkeypa
     monkeypatch.setattr(registry, "INSTALLED_WEIGHTS", files["dir"] / "no-weights-here")
     out = files["dir"] / "out.mp4"
     code, err = run_cli(
-        ["--audio", str(files["wav"]), "--reference", str(files["ref"]), "--out", str(out)], capsys
+        ["--family", "studio", "--audio", str(files["wav"]), "--reference", str(files["ref"])]
+        + ["--out", str(out)],
+        capsys,
     )
     assert code == 2 and "no trained weights are installed" in err
     assert not out.exists()

@@ -80,3 +80,47 @@ def test_a_photo_renders_to_an_mp4_with_sound(photo, tmp_path, wav, capsys) -> N
     # A person, not noise: the frame keeps the photo's skin, hair and background.
     first = frames[0].astype(np.int16)
     assert 40 < first.mean() < 220 and first.std() > 20
+
+
+@pytest.mark.unit
+def test_the_portrait_family_is_the_default() -> None:
+    from pipeline.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(["render", "--audio", "a.wav", "--out", "b.mp4"])
+    config = config_from_args(args)
+    assert config.model.family == "portrait"
+    assert (config.video.width, config.video.height) == (512, 512)
+
+
+def test_the_default_opens_the_mouth_in_speech_and_closes_it_in_pauses(tmp_path, speech) -> None:
+    """Read from the pixels (no network): the dark mouth cavity in speech vs pauses."""
+    from pipeline.models.portrait.face import detect_faces, face_landmarks
+
+    pause = np.zeros(int(1.2 * 16000), np.float32)
+    wav, out = tmp_path / "speech.wav", tmp_path / "out.mp4"
+    write_wav(wav, np.concatenate([pause, speech[: 3 * 16000], pause]), 16000)
+    assert main(["render", "--audio", str(wav), "--out", str(out), "--quiet"]) == 0
+    with av.open(str(out)) as c:
+        frames = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+    lm = face_landmarks(frames[0], detect_faces(frames[0])[0])
+    lips = lm[[61, 291, 0, 17], :2]  # mouth corners, upper and lower lip
+    x0, y0 = lips.min(0).astype(int) - 4
+    x1, y1 = lips.max(0).astype(int) + 4
+    mouth = frames[:, y0:y1, x0:x1].astype(np.float32).mean(-1)  # (T, h, w) brightness
+    opening = (mouth < 70).mean(axis=(1, 2))  # share of dark (cavity) pixels
+    first_pause, talk = opening[3:27], opening[32:100]  # frames of 1.2 s pause, then speech
+    last_pause = opening[-25:-3]
+    assert talk.max() > 4 * max(first_pause.mean(), 1e-3)
+    assert talk.mean() > 2 * first_pause.mean() and talk.mean() > 2 * last_pause.mean()
+
+
+@pytest.mark.unit
+def test_missing_portrait_weights_say_so(tmp_path, wav, capsys, monkeypatch) -> None:
+    import pipeline.models.portrait.family as portrait
+
+    monkeypatch.setattr(portrait, "INSTALLED_WEIGHTS", tmp_path / "no-weights-here")
+    out = tmp_path / "out.mp4"
+    code = main(["render", "--audio", str(wav), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "no trained weights are installed for the portrait model" in err
+    assert not out.exists()

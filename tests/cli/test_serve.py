@@ -9,7 +9,7 @@ import pytest
 from pipeline.cli import main
 
 pytestmark = pytest.mark.unit
-TINY = ["--untrained", "--preset", "tiny", "--size", "64"]
+TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 
 
 def test_bad_playout_delay(capsys) -> None:

@@ -34,7 +34,7 @@ def cpu_flags(monkeypatch: pytest.MonkeyPatch):
 )
 def test_auto_dtype_follows_the_cpu(cpu_flags, flags, expected) -> None:
     cpu_flags(*flags)
-    assert ModelConfig().compute_dtype == expected
+    assert ModelConfig(family="studio").compute_dtype == expected
 
 
 def test_auto_dtype_on_cuda_and_explicit_choices_are_kept(cpu_flags) -> None:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 def config(size: int | tuple[int, int], **model):
     w, h = (size, size) if isinstance(size, int) else size
-    return build_config(video={"width": w, "height": h}, model=model)
+    return build_config(video={"width": w, "height": h}, model={"family": "studio", **model})
 
 
 @pytest.fixture(autouse=True)

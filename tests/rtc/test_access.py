@@ -25,7 +25,7 @@ from support import make_reference, tiny_config
 
 pytestmark = pytest.mark.unit
 
-TINY = ["--untrained", "--preset", "tiny", "--size", "64"]
+TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 TOKEN = "0123456789abcdef0123"
 
 

@@ -24,7 +24,7 @@ from support import make_reference, tiny_config
 
 pytestmark = pytest.mark.unit
 
-TINY = ["--untrained", "--preset", "tiny", "--size", "64"]
+TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 TURN = "turn:turn.example:3478?transport=udp"
 
 

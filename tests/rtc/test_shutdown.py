@@ -35,7 +35,17 @@ async def offer_without_candidates() -> str:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_stops_without_a_traceback(sig) -> None:
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--untrained", "--preset", "tiny"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "serve",
+        "--family",
+        "studio",
+        "--untrained",
+        "--preset",
+        "tiny",
+    ]
     cmd += ["--size", "64", "--port", "0"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -17,7 +17,17 @@ pytestmark = pytest.mark.unit  # ~5 s on an idle 2-core machine
 def test_eval_writes_every_figure_and_the_contact_sheet(tmp_path: Path) -> None:
     out = tmp_path / "eval"
     args = ["eval", "--out", str(out), "--clips", "1", "--minutes", "0.02", "--quiet"]
-    args += ["--untrained", "--preset", "tiny", "--size", "64", "--dtype", "float32"]
+    args += [
+        "--family",
+        "studio",
+        "--untrained",
+        "--preset",
+        "tiny",
+        "--size",
+        "64",
+        "--dtype",
+        "float32",
+    ]
     assert main(args) == 0
     result = json.loads((out / "eval.json").read_text())
     missing = [f for f in FIELDS if f not in result]
@@ -31,7 +41,18 @@ def test_eval_writes_every_figure_and_the_contact_sheet(tmp_path: Path) -> None:
 
 
 def test_eval_rejects_a_bad_clip_count(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["eval", "--out", str(tmp_path), "--clips", "0", "--untrained", "--preset", "tiny"]
+    args = [
+        "eval",
+        "--out",
+        str(tmp_path),
+        "--clips",
+        "0",
+        "--family",
+        "studio",
+        "--untrained",
+        "--preset",
+        "tiny",
+    ]
     assert main(args) == 2
     assert "--clips" in capsys.readouterr().err
 

@@ -10,7 +10,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.outputs.kvs.args import kvs_stream_name
 
 pytestmark = pytest.mark.unit
-TINY = ["--untrained", "--preset", "tiny", "--size", "64"]
+TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 
 
 @pytest.fixture

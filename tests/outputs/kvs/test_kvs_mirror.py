@@ -274,7 +274,18 @@ def test_render_cli_mirrors_and_prints_the_status(aws, speech, tmp_path, capsys)
     wav = tmp_path / "speech.wav"
     write_wav(wav, speech[: int(16000 * SECONDS)], 16000)
     out = tmp_path / "out.mp4"
-    tiny = ["--untrained", "--preset", "tiny", "--size", "64", "--steps", "2", "--quiet"]
+    tiny = [
+        "--family",
+        "studio",
+        "--untrained",
+        "--preset",
+        "tiny",
+        "--size",
+        "64",
+        "--steps",
+        "2",
+        "--quiet",
+    ]
     with FakeKvs(ACCESS_KEY, SECRET_KEY) as kvs:
         code = main(
             ["render", "--audio", str(wav), "--out", str(out), *tiny]

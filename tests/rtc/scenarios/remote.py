@@ -51,7 +51,17 @@ def link_up(pid: int) -> None:
 def start_serve(tmp: str) -> tuple[subprocess.Popen, int, str]:
     token_file = Path(tmp) / "token"
     token_file.write_text(TOKEN + "\n")
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--untrained", "--preset", "tiny"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.cli",
+        "serve",
+        "--family",
+        "studio",
+        "--untrained",
+        "--preset",
+        "tiny",
+    ]
     cmd += ["--size", "128", "--port", "0", "--host", "0.0.0.0"]
     cmd += ["--tls-self-signed", SERVER_ADDR, "--tls-dir", f"{tmp}/tls"]
     cmd += ["--access-token-file", str(token_file), "--ice-server", "none"]
