@@ -18,6 +18,7 @@ The contract (module-level names of ``pipeline/models/<name>/family.py``):
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
 from types import ModuleType
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from pipeline.core.config import FAMILIES, ModelConfig, TalkloopConfig
-from pipeline.core.errors import ConfigError, WeightsMissingError
+from pipeline.core.errors import CheckpointError, ConfigError, WeightsMissingError
 from pipeline.core.module import Module
 from pipeline.models.sizes import warn_unless_native_size
 
@@ -96,3 +97,14 @@ def finish_modules(modules: dict[str, Module], model: ModelConfig) -> dict[str, 
             module.cast_matmuls(torch.bfloat16)
     apply_placement(modules, model)  # resident / offloaded / sharded, per model.placement
     return modules
+
+
+def module_config(folder: Path, name: str) -> dict:
+    """The JSON config module ``name`` was saved with in checkpoint ``folder``."""
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON: {err}") from None

@@ -8,7 +8,6 @@ motion net (``a2v``: an A2V DiT over motion parameters). The photo itself is the
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -134,15 +133,9 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
 
 def _config_from_folder(folder: Path) -> PortraitConfig:
     """The family config a weights folder was saved with (one JSON per module)."""
-    parts = {}
-    for name, field in PORTRAIT_MODULES.items():
-        path = folder / f"{name}.json"
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")
-        try:
-            parts[field] = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise CheckpointError(f"{path} is not valid JSON: {err}") from None
+    from pipeline.models.registry import module_config
+
+    parts = {field: module_config(folder, name) for name, field in PORTRAIT_MODULES.items()}
     try:
         return PortraitConfig.model_validate(parts)
     except ValidationError as err:

@@ -6,7 +6,6 @@ The family contract (``pipeline/models/registry.py``): ``load_modules``, ``phase
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -208,10 +207,10 @@ def _family_from_folder(folder: Path):
     from pydantic import ValidationError
 
     from pipeline.core.errors import CheckpointError
+    from pipeline.models.registry import module_config
 
     parts = {}
     for name, field in STUDIO_MODULES.items():
-        path = folder / f"{name}.json"
         if name in OPTIONAL_MODULES and not _has_module(folder, name):
             # Untrained (see OPTIONAL_MODULES), sized to the folder's other networks.
             parts[field] = {
@@ -220,12 +219,7 @@ def _family_from_folder(folder: Path):
                 if src_key in parts.get(src, {})
             }
             continue
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")
-        try:
-            parts[field] = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise CheckpointError(f"{path} is not valid JSON: {err}") from None
+        parts[field] = module_config(folder, name)
     try:
         return StudioConfig.model_validate(parts)
     except ValidationError as err:
