@@ -30,7 +30,7 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 # version gets depends on the index: here a local CPU wheel; on PyPI for Linux x86-64 the CUDA
 # build (several GB; README, Setup). Say which one this is.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+.venv/bin/pip install -q --disable-pip-version-check -e ".${extras}"
 .venv/bin/python -c 'import torch
 cuda = torch.version.cuda
 print(f"setup: torch {torch.__version__}, " + ("CPU build" if cuda is None else f"CUDA {cuda} build"))'
-.venv/bin/pip install -q --disable-pip-version-check -e ".${extras}"
