@@ -163,12 +163,14 @@ class MotionRunner:
 
 @torch.no_grad()
 def time_chunks(module: Module, repeats: int = 40) -> dict[str, dict[str, float]]:
-    """Median wall time of the motion net's sampling for one chunk: live (5 new frames after 2
-    context frames, the live steps) and offline (24 new after 2, 3 steps); ms per chunk and per
-    generated frame, on whatever threads torch has."""
+    """Median wall time of the motion net's sampling for one chunk: live (a chunk of the live
+    schedule after its context frames, the live steps) and offline (24 new after 2, 3 steps); ms
+    per chunk and per generated frame, on whatever threads torch has."""
     net, cfg = module.net, module.config
+    live = (LIVE_SCHEDULE.ctx_len, LIVE_SCHEDULE.n_len, LIVE_SAMPLER.steps)
+    plans = {f"live_{live[1]}_after_{live[0]}": live, "offline_24_after_2": (2, 24, 3)}
     out = {}
-    for name, ctx, n, steps in (("live_5_after_2", 2, 5, 2), ("offline_24_after_2", 2, 24, 3)):
+    for name, (ctx, n, steps) in plans.items():
         f = ctx + n
         g = torch.Generator().manual_seed(0)
         mask = torch.zeros(1, f, dtype=torch.bool)
@@ -415,8 +417,18 @@ def plot(
         env = envelope(clips[k].audio, clips[k].num_frames, clips[k].fps, clips[k].sample_rate)
         ax.fill_between(t, 0, env / max(float(env.max()), 1e-6), color="0.88", label="audio RMS")
         ax.plot(t, truth[k][:, mo], "k", lw=2, label="truth")
-        ax.plot(t, runs["offline"][k].params[:, mo], "C0", label="offline (24/3)")
-        ax.plot(t, runs["live"][k].params[:, mo], "C1", label="live (5/2)")
+        ax.plot(
+            t,
+            runs["offline"][k].params[:, mo],
+            "C0",
+            label=f"offline ({OFFLINE_SCHEDULE.n_len}/{OFFLINE_SAMPLER.steps})",
+        )
+        ax.plot(
+            t,
+            runs["live"][k].params[:, mo],
+            "C1",
+            label=f"live ({LIVE_SCHEDULE.n_len}/{LIVE_SAMPLER.steps})",
+        )
         for s in runs["live"][k].seams:
             ax.axvline(s / clips[k].fps, color="C1", alpha=0.15, lw=0.8)
         ax.set_ylabel("mouth_open")
