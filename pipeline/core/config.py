@@ -94,7 +94,7 @@ class AudioConfig(_Strict):
 
 
 class ScheduleConfig(_Strict):
-    """Chunk sizes of the N/I timeline, in frames (DESIGN.md section 5)."""
+    """Chunk sizes of the N/I timeline, in frames (docs/architecture.md)."""
 
     first_len: int = Field(2, ge=1, le=256, description="length of N0 (short: first frame fast)")
     n_len: int = Field(24, ge=2, le=256, description="length of every later N chunk")

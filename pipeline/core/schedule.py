@@ -1,4 +1,4 @@
-"""The chunk timeline: N chunks tile the video, I chunks smooth each seam (DESIGN.md section 5).
+"""The chunk timeline: N chunks tile the video, I chunks smooth each seam (docs/architecture.md).
 
 Execution order is ``N0, N1, I0, N2, I1, ...``: I(k) runs once N(k) and N(k+1) exist. I(k) redoes
 the first ``i`` frames of N(k+1), anchored on the last frame of N(k) and on frame ``i`` of N(k+1);

@@ -1,4 +1,4 @@
-"""Per-session state: the rolling memory (DESIGN.md section 6).
+"""Per-session state: the rolling memory (docs/architecture.md).
 
 Between chunks a session keeps exactly these items and nothing else:
 

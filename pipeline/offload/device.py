@@ -1,6 +1,6 @@
 """Device ops: streams, events, pinned memory and memory stats behind one interface.
 
-Nothing else in talkloop calls ``torch.cuda`` directly (DESIGN.md section 8). ``CudaOps`` is the
+Nothing else in talkloop calls ``torch.cuda`` directly (docs/offload.md). ``CudaOps`` is the
 real thing; ``CpuOps`` runs the same offload logic on the host, where "device" memory is ordinary
 CPU memory it counts itself, copies are synchronous, streams are tokens and events are flags. An
 event that is waited on before it was ever recorded is a schedule bug on a GPU (the wait would be a

@@ -61,7 +61,7 @@ class TrainConfig(BaseModel):
     vae_crop: int = Field(128, ge=32, le=1024, description="VAE trains on crops this wide")
     kl_weight: float = Field(1e-5, ge=0.0, description="KL per latent element vs mean L1")
     grad_weight: float = Field(0.5, ge=0.0, description="image-gradient L1 vs pixel L1")
-    # A2V: mask patterns (DESIGN.md section 5) and conditioning dropout.
+    # A2V: mask patterns (docs/architecture.md) and conditioning dropout.
     p_first: float = Field(0.2, ge=0.0, le=1.0, description="share of N0 steps (no given frames)")
     p_interp: float = Field(0.3, ge=0.0, le=1.0, description="share of I-chunk steps")
     max_ctx: int = Field(2, ge=1, le=16, description="most motion-context frames")

@@ -1,4 +1,4 @@
-"""Quality figures of DESIGN.md section 13 computed from frames and studio ground truth.
+"""Quality figures (docs/architecture.md) computed from frames and studio ground truth.
 
 Pure numpy: the evaluation produces the series, these functions turn them into numbers.
 """

@@ -63,7 +63,7 @@ class MotionTrainConfig(BaseModel):
     weight_decay: float = Field(0.01, ge=0.0)
     clip_grad: float = Field(1.0, gt=0.0)
     ema: float = Field(0.999, ge=0.0, lt=1.0, description="EMA decay of the exported weights")
-    # Mask patterns (DESIGN.md section 5), as the studio A2V trains them.
+    # Mask patterns (docs/architecture.md), as the studio A2V trains them.
     p_first: float = Field(0.2, ge=0.0, le=1.0, description="share of N0 steps (no given frames)")
     p_interp: float = Field(0.3, ge=0.0, le=1.0, description="share of I-chunk steps")
     max_ctx: int = Field(2, ge=1, le=16, description="most motion-context frames")

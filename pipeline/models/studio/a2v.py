@@ -1,9 +1,9 @@
 """A2VDiT: audio-to-video flow-matching DiT on low-resolution latents.
 
-One network does first chunks, continuations and interpolations (DESIGN.md section 5): every
+One network does first chunks, continuations and interpolations (docs/architecture.md): every
 frame carries its own timestep, so given frames (motion context, anchors) enter with t = 0 next
 to the frames being generated, and the reference frame is one more t = 0 frame with a learned
-"reference" temporal embedding instead of a position (notes/streaming-diffusion.md, point 2).
+"reference" temporal embedding instead of a position.
 
 Rectified flow: ``x_t = (1 - t) x0 + t eps``, the network predicts the velocity ``eps - x0``;
 t = 1 is pure noise. Latents are the VAE's *scaled* latents, average-pooled x2:

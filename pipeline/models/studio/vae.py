@@ -6,7 +6,7 @@ The encoder is per image (no time axis). The decoder sees the current latent fra
 fixed and a stream decoded in pieces equals the stream decoded whole.
 
 Speed: the decoder does its heavy work at H/4 (64x64 for 256x256 video) and pixel-shuffles x4 to
-full resolution; full-resolution convs cost 5-30x more on a CPU (see notes/machine-facts.md).
+full resolution; full-resolution convs cost 5-30x more on a CPU.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def start_serve(tmp: str) -> tuple[subprocess.Popen, int, str]:
         "--preset",
         "tiny",
     ]
-    cmd += ["--size", "128", "--port", "0", "--host", "0.0.0.0"]
+    cmd += ["--size", "128", "--port", "0", "--host", SERVER_ADDR]  # the veth end only
     cmd += ["--tls-self-signed", SERVER_ADDR, "--tls-dir", f"{tmp}/tls"]
     cmd += ["--access-token-file", str(token_file), "--ice-server", "none"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
