@@ -244,7 +244,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         serve_forever,
     )
     from rtc.args import serving_from_args
-    from rtc.live import LiveConfig
+    from rtc.call import CallConfig
 
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -261,7 +261,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     reference = load_avatar(args.reference, config)
     flags = {"playout_delay_ms": args.playout_delay_ms, "max_lag_ms": args.max_lag_ms}
     try:
-        live = LiveConfig(**{k: v for k, v in flags.items() if v is not None})
+        call_config = CallConfig(**{k: v for k, v in flags.items() if v is not None})
     except ValueError as err:  # pydantic's ValidationError: say which flag and value are wrong
         bad = err.errors()[0]
         flag = "--" + str(bad["loc"][0]).replace("_", "-")
@@ -272,9 +272,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Bad --kvs-* flags, or one stream for several sessions, fail now, before the server starts.
     check_kvs_args(args, args.max_sessions)
 
-    def mirrors(session: int) -> list:
-        """The KVS mirror of one session, into the stream named for its slot (1..max)."""
-        sink = kvs_sink_from_args(args, session)
+    def mirrors(slot: int) -> list:
+        """The KVS mirror of one call, into the stream named for its slot (1..max)."""
+        sink = kvs_sink_from_args(args, slot)
         return [sink] if sink is not None else []
 
     asyncio.run(
@@ -285,7 +285,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.host,
             args.port,
             args.max_sessions,
-            live,
+            call_config,
             notice,
             mirror_factory=mirrors if args.kvs_stream else None,
             access=serving.access,

@@ -1,1 +1,1 @@
-"""Realtime avatar calls: WebRTC peer (aiortc), signaling server (websockets), live sessions."""
+"""Realtime avatar calls: WebRTC peer (aiortc), signaling server (websockets), calls."""

@@ -14,8 +14,8 @@ from pipeline.core.config import TalkloopConfig
 from pipeline.core.errors import ConfigError
 from pipeline.core.pipeline import Pipeline
 from pipeline.models.registry import installed_weights, load_reference
+from rtc.call import CallConfig
 from rtc.ice import IceConfig
-from rtc.live import LiveConfig
 from rtc.security import AccessPolicy
 from rtc.server import OFFER_TIMEOUT_S, AvatarServer, check_sessions
 
@@ -50,7 +50,7 @@ async def serve_forever(
     host: str,
     port: int,
     max_sessions: int,
-    live: LiveConfig,
+    call_config: CallConfig,
     notice: str,
     mirror_factory=None,
     access: AccessPolicy | None = None,
@@ -68,7 +68,7 @@ async def serve_forever(
         pipeline,
         reference,
         prompt,
-        live,
+        call_config,
         max_sessions,
         notice,
         mirror_factory=mirror_factory,

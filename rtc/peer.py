@@ -11,7 +11,7 @@ from aiortc.contrib.media import MediaBlackhole
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import candidate_from_sdp
 
-from rtc.live import LiveSession
+from rtc.call import Call
 from rtc.protocol import ProtocolError
 
 log = logging.getLogger("talkloop.peer")
@@ -25,10 +25,10 @@ def preferred_video_codecs() -> list:
 
 
 class Peer:
-    """One RTCPeerConnection bound to a LiveSession.
+    """One RTCPeerConnection bound to a Call.
 
     Args:
-        live: the session whose tracks this call carries.
+        call: the call whose tracks this connection carries.
         on_closed: called once when the connection fails or closes on its own.
         configuration: ICE servers and transport policy (``rtc.ice.IceConfig``); None: aiortc's
             default (a public STUN server).
@@ -36,11 +36,11 @@ class Peer:
 
     def __init__(
         self,
-        live: LiveSession,
+        call: Call,
         on_closed: Callable[[], Awaitable[None]],
         configuration: RTCConfiguration | None = None,
     ) -> None:
-        self.live = live
+        self.call = call
         self.pc = RTCPeerConnection(configuration)
         self._on_closed = on_closed
         self._blackholes: list[MediaBlackhole] = []
@@ -50,7 +50,7 @@ class Peer:
         @self.pc.on("track")
         def on_track(track) -> None:
             if track.kind == "audio":
-                live.attach_microphone(track)
+                call.attach_microphone(track)
             else:  # we never use the client's video; drain it so aiortc's queue stays empty
                 hole = MediaBlackhole()
                 hole.addTrack(track)
@@ -59,15 +59,15 @@ class Peer:
 
         @self.pc.on("connectionstatechange")
         async def on_state() -> None:
-            log.info("session %s: connection %s", live.token[:6], self.pc.connectionState)
-            # Our own close() (after a bad offer, or at teardown) must not end the session.
+            log.info("call %s: connection %s", call.token[:6], self.pc.connectionState)
+            # Our own close() (after a bad offer, or at teardown) must not end the call.
             if self.pc.connectionState in ("failed", "closed") and not self._closing:
                 await self._on_closed()
 
     async def answer(self, sdp: str) -> str:
         """Apply the browser's offer and return our answer (all our candidates included)."""
-        self.pc.addTrack(self.live.audio_track)
-        video = self.pc.addTrack(self.live.video_track)
+        self.pc.addTrack(self.call.audio_track)
+        video = self.pc.addTrack(self.call.video_track)
         # Codec preferences only count if set before setRemoteDescription (aiortc).
         for t in self.pc.getTransceivers():
             if t.sender is video:

@@ -1,16 +1,17 @@
 """`talkloop serve`: one port for the page (HTTP) and for signaling and control (websocket).
 
-Each websocket connection to ``/ws`` opens one avatar session (up to ``max_sessions``) and gets a
-token. A voice agent joins that session with ``/ws?token=<token>&role=agent`` (the agent protocol,
+Each websocket connection to ``/ws`` opens one call (a ``Call``, ``rtc/call.py``; up to
+``max_sessions``) and gets a token, which the protocol calls the session token. A voice agent
+joins that call with ``/ws?token=<token>&role=agent`` (the agent protocol,
 ``agent/protocol.py``): its speech drives the avatar the viewer sees. A bad message is answered
-with an error and the session goes on; a broken session ends alone (a generation failure is told
+with an error and the call goes on; a broken call ends alone (a generation failure is told
 to its page and agent as ``generation_failed``); the server keeps serving everyone else.
 
 Who may connect (access token, Origin allow-list, per-address cap) is ``rtc/security.py``; TLS is
-``rtc/tls.py``. A session whose page sends no offer within ``offer_timeout_s`` (while no agent is
+``rtc/tls.py``. A call whose page sends no offer within ``offer_timeout_s`` (while no agent is
 connected to it) gets ``offer_timeout`` and is closed, so an idle tab cannot hold a slot.
 
-Speech synthesis, session set-up and the blocking parts of closing run on the server's own small
+Speech synthesis, call set-up and the blocking parts of closing run on the server's own small
 thread pool: aiortc encodes every call's audio and video on the loop's default executor, and
 must never wait behind them.
 """
@@ -49,8 +50,8 @@ from pipeline.core.errors import ConfigError, TalkloopError
 from pipeline.core.pipeline import Pipeline
 from pipeline.outputs.sink import Sink
 from rtc.avatar import AVATAR_WAIT_S, decode_avatar
+from rtc.call import Call, CallConfig
 from rtc.ice import IceConfig
-from rtc.live import LiveConfig, LiveSession
 from rtc.peer import Peer
 from rtc.protocol import ProtocolError, error, parse_message
 from rtc.security import OFFER_TIMEOUT_S, AccessPolicy
@@ -64,7 +65,7 @@ __all__ = [
     "MAX_QUEUED_SAYS",
     "OFFER_TIMEOUT_S",
     "AvatarServer",
-    "Entry",
+    "CallSlot",
     "check_sessions",
     "session_token",
 ]
@@ -79,7 +80,7 @@ def check_sessions(config: TalkloopConfig, max_sessions: int) -> None:
     """Refuse settings that cannot serve ``max_sessions`` calls at once.
 
     An offloaded module streams its blocks through one ring of device slots (its
-    BlockOffloader); two sessions' generation threads would overwrite each other's blocks.
+    BlockOffloader); two calls' generation threads would overwrite each other's blocks.
     """
     offloaded = [n for n, m in config.model.placement.model_dump().items() if m == "offloaded"]
     if offloaded and max_sessions > 1:
@@ -107,35 +108,38 @@ def session_token() -> str:
 
 
 @dataclass
-class Entry:
-    """A session and what is attached to it."""
+class CallSlot:
+    """The server's record of one call: the Call and the connections that drive it.
 
-    live: LiveSession
-    ws: ServerConnection
-    slot: int  # 1..max_sessions, unique among open sessions (names per-session mirrors)
-    peer: Peer | None = None
+    The Call (``rtc/call.py``) is the media side (peer, avatar, mirrors); this adds what only
+    the server knows: the page's and the agent's websockets, the slot number and the timers.
+    """
+
+    call: Call
+    ws: ServerConnection  # the page's websocket
+    number: int  # 1..max_sessions, unique among open calls (names per-call mirrors)
     agent: ServerConnection | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
-    offer_timer: asyncio.TimerHandle | None = None  # armed while no call and no agent
+    offer_timer: asyncio.TimerHandle | None = None  # armed while no peer and no agent
     closed: bool = False
 
 
 class AvatarServer:
-    """Serves ``web/`` and the session websocket.
+    """Serves ``web/`` and the websocket that opens and controls calls.
 
     Args:
-        pipeline: loaded pipeline (modules are shared by all sessions).
+        pipeline: loaded pipeline (modules are shared by all calls).
         reference: (H, W, 3) uint8 avatar image.
-        prompt: the initial style prompt of each session.
-        live: live-call settings.
-        max_sessions: concurrent sessions at most; more get a "busy" error.
+        prompt: the initial style prompt of each call.
+        call_config: the settings of every call.
+        max_sessions: concurrent calls at most; more get a "busy" error.
         notice: a line shown on the page (e.g. that no trained weights are installed).
-        mirror_factory: makes the mirror sinks of a new session (e.g. a KVS copy) from the
-            session's slot (1..max_sessions, unique among open sessions, reused after a session
+        mirror_factory: makes the mirror sinks of a new call (e.g. a KVS copy) from the
+            call's slot number (1..max_sessions, unique among open calls, reused after a call
             ends), or None.
         access: who may connect (token, origins, per-address cap); default: no token, the
             server's own origin, ``DEFAULT_MAX_CONNECTIONS_PER_IP``.
-        offer_timeout_s: a session whose page sends no offer this long (while no agent is
+        offer_timeout_s: a call whose page sends no offer this long (while no agent is
             connected) is closed with ``offer_timeout``.
         ice: the STUN/TURN servers of every call, for our peer and (in ``session``) the page.
     """
@@ -145,7 +149,7 @@ class AvatarServer:
         pipeline: Pipeline,
         reference: np.ndarray,
         prompt: str = "",
-        live: LiveConfig | None = None,
+        call_config: CallConfig | None = None,
         max_sessions: int = 1,
         notice: str = "",
         web_dir: Path = WEB_DIR,
@@ -159,7 +163,7 @@ class AvatarServer:
         self.pipeline = pipeline
         self.access = access or AccessPolicy()
         self.offer_timeout_s = offer_timeout_s
-        # One speaking line and a session set-up per session at a time, plus room for closing.
+        # One speaking line and a call set-up per call at a time, plus room for closing.
         self.executor = ThreadPoolExecutor(
             max_workers=max_sessions + 2, thread_name_prefix="talkloop-control"
         )
@@ -167,21 +171,21 @@ class AvatarServer:
         self.mirror_factory = mirror_factory
         self.reference = reference
         self.prompt = prompt
-        self.live = live or LiveConfig()
+        self.call_config = call_config or CallConfig()
         self.max_sessions = max_sessions
         self.notice = notice
         self.web_dir = web_dir
-        self.sessions: dict[str, Entry] = {}
-        self._pending: set[int] = set()  # slots of sessions being created (count against the cap)
-        # Slots of closed sessions whose mirrors are still draining: a new session on the same
-        # slot would write into the same per-session stream while the old one still uploads.
+        self.calls: dict[str, CallSlot] = {}  # by token
+        self._pending: set[int] = set()  # slots of calls being created (count against the cap)
+        # Slots of closed calls whose mirrors are still draining: a new call on the same slot
+        # would write into the same per-call stream while the old one still uploads.
         self._draining: set[int] = set()
-        self.on_session: Callable[[LiveSession], None] | None = None  # observers (tests, agents)
-        self._ending: set[asyncio.Task] = set()  # sessions being ended by the server
+        self.on_call: Callable[[Call], None] | None = None  # observers (tests, agents)
+        self._ending: set[asyncio.Task] = set()  # calls being ended by the server
         self._ws: WsServer | None = None
 
     def _slots_taken(self) -> set[int]:
-        return self._pending | self._draining | {e.slot for e in self.sessions.values()}
+        return self._pending | self._draining | {s.number for s in self.calls.values()}
 
     # -- HTTP ----------------------------------------------------------------------------------
 
@@ -267,7 +271,7 @@ class AvatarServer:
     async def _route(self, ws: ServerConnection, query: dict[str, list[str]]) -> None:
         if "token" in query:
             token = query["token"][0]
-            if token not in self.sessions:
+            if token not in self.calls:
                 await ws.send(
                     error(
                         "bad_token", "unknown session token: it may have ended; open a new session"
@@ -284,10 +288,10 @@ class AvatarServer:
                 )
                 await ws.close(4400, "not supported")
                 return
-            await self._agent(self.sessions[token], ws)
+            await self._agent(self.calls[token], ws)
             return
         free = set(range(1, self.max_sessions + 1)) - self._slots_taken()
-        if len(self.sessions) + len(self._pending) >= self.max_sessions or not free:
+        if len(self.calls) + len(self._pending) >= self.max_sessions or not free:
             await ws.send(
                 error(
                     "busy",
@@ -296,26 +300,26 @@ class AvatarServer:
             )
             await ws.close(1013, "busy")
             return
-        slot = min(free)
-        self._pending.add(slot)
+        number = min(free)
+        self._pending.add(number)
         loop = asyncio.get_running_loop()
         try:
             reference = self.reference
             if query.get("avatar", [""])[0] == "1":  # the page sends its own photo first
                 reference = await self._read_avatar(ws)
             token = session_token()
-            mirrors = self.mirror_factory(slot) if self.mirror_factory else []
+            mirrors = self.mirror_factory(number) if self.mirror_factory else []
             make = functools.partial(
-                LiveSession,
+                Call,
                 self.pipeline,
                 reference,
                 self.prompt,
-                self.live,
+                self.call_config,
                 token,
                 mirrors,
                 executor=self.executor,
             )
-            live = await loop.run_in_executor(self.executor, make)
+            call = await loop.run_in_executor(self.executor, make)
         except ConnectionClosed:
             return
         except ProtocolError as err:  # a bad photo ends this connection only
@@ -324,20 +328,20 @@ class AvatarServer:
                 await ws.close(4400, err.code)
             return
         except Exception as err:
-            log.exception("could not open a session")
+            log.exception("could not open a call")
             await ws.send(error("internal", f"could not open a session: {err}"))
             await ws.close(1011, "session failed")
             return
         finally:
-            self._pending.discard(slot)
-        entry = Entry(live, ws, slot)
-        self.sessions[token] = entry
-        live.avatar.listeners.append(lambda event: self._on_playback(entry, event))
-        live.avatar.failure_listeners.append(lambda err: self._on_failure(entry, err))
-        self._arm_offer_timer(entry)
-        log.info("session %s opened (%d active)", token[:6], len(self.sessions))
-        if self.on_session is not None:
-            self.on_session(live)
+            self._pending.discard(number)
+        slot = CallSlot(call, ws, number)
+        self.calls[token] = slot
+        call.avatar.listeners.append(lambda event: self._on_playback(slot, event))
+        call.avatar.failure_listeners.append(lambda err: self._on_failure(slot, err))
+        self._arm_offer_timer(slot)
+        log.info("call %s opened (%d active)", token[:6], len(self.calls))
+        if self.on_call is not None:
+            self.on_call(call)
         try:
             await ws.send(
                 json.dumps(
@@ -355,21 +359,21 @@ class AvatarServer:
                     }
                 )
             )
-            entry.tasks.append(asyncio.get_running_loop().create_task(self._stats(entry)))
+            slot.tasks.append(asyncio.get_running_loop().create_task(self._stats(slot)))
             async for raw in ws:
-                reply = await self._guarded(entry, self._on_message(entry, raw))
+                reply = await self._guarded(slot, self._on_message(slot, raw))
                 if reply is not None:
                     await ws.send(reply)
-                if entry.closed:
+                if slot.closed:
                     break
         except ConnectionClosed:
             pass
         finally:
-            await self._close(entry)
+            await self._close(slot)
 
-    async def _guarded(self, entry: Entry, action) -> str | None:
+    async def _guarded(self, slot: CallSlot, action) -> str | None:
         """Run one message's ``action``; every failure becomes the ``error`` reply (None: none),
-        so no message, however bad, ends the session or its receive loop."""
+        so no message, however bad, ends the call or its receive loop."""
         try:
             await action
         except ProtocolError as err:
@@ -377,14 +381,12 @@ class AvatarServer:
         except TalkloopError as err:
             return error(error_code(err), str(err))
         except Exception as err:  # a bug or a library's surprise: this message only
-            log.warning(
-                "session %s: a message failed: %r", entry.live.token[:6], err, exc_info=True
-            )
+            log.warning("call %s: a message failed: %r", slot.call.token[:6], err, exc_info=True)
             return error("internal", f"the server could not act on that message ({err!r:.200})")
         return None
 
     async def _read_avatar(self, ws: ServerConnection) -> np.ndarray:
-        """The photo a page announced with ``?avatar=1``, as the session's reference."""
+        """The photo a page announced with ``?avatar=1``, as the call's reference."""
         try:
             raw = await asyncio.wait_for(ws.recv(), AVATAR_WAIT_S)
         except TimeoutError:
@@ -401,42 +403,42 @@ class AvatarServer:
             self.executor, decode_avatar, msg.get("image"), self.pipeline.config
         )
 
-    async def _on_message(self, entry: Entry, raw: str | bytes) -> None:
+    async def _on_message(self, slot: CallSlot, raw: str | bytes) -> None:
         msg = parse_message(raw)
         kind = msg["type"]
-        live = entry.live
+        call = slot.call
         if kind == "offer":
-            if entry.peer is not None:
+            if call.peer is not None:
                 raise ProtocolError(
                     "bad_state", "this session already has a call; open a new session"
                 )
-            peer = Peer(live, lambda: self._close(entry), self.ice.rtc_configuration())
-            entry.peer = peer
-            self._disarm_offer_timer(entry)
+            peer = Peer(call, lambda: self._close(slot), self.ice.rtc_configuration())
+            call.peer = peer
+            self._disarm_offer_timer(slot)
             try:
                 sdp = await peer.answer(msg["sdp"])
             except ProtocolError:
-                entry.peer = None
+                call.peer = None
                 await peer.close()
-                self._arm_offer_timer(entry)
+                self._arm_offer_timer(slot)
                 raise
-            await entry.ws.send(json.dumps({"type": "answer", "sdp": sdp}))
-            live.start()
+            await slot.ws.send(json.dumps({"type": "answer", "sdp": sdp}))
+            call.start()
         elif kind == "candidate":
-            if entry.peer is None:
+            if call.peer is None:
                 raise ProtocolError("bad_state", "send the offer before ICE candidates")
-            await entry.peer.add_candidate(
+            await call.peer.add_candidate(
                 msg.get("candidate"), msg.get("sdpMid"), msg.get("sdpMLineIndex")
             )
         elif kind == "say":
-            task = live.say(msg["text"])
-            task.add_done_callback(lambda t: self._say_done(entry, t))
+            task = call.say(msg["text"])
+            task.add_done_callback(lambda t: self._say_done(slot, t))
         elif kind == "prompt":
-            live.set_prompt(msg["text"])
+            call.set_prompt(msg["text"])
         elif kind == "interrupt":
-            live.interrupt()
+            call.interrupt()
         elif kind == "bye":
-            entry.closed = True
+            slot.closed = True
         elif kind == "avatar":
             raise ProtocolError(
                 "bad_state", "the avatar photo goes first, on a connection to /ws?avatar=1"
@@ -444,47 +446,47 @@ class AvatarServer:
 
     # -- agents ----------------------------------------------------------------------------------
 
-    async def _agent(self, entry: Entry, ws: ServerConnection) -> None:
-        """One agent connection driving ``entry``'s session (agent/protocol.py)."""
-        if entry.agent is not None:
+    async def _agent(self, slot: CallSlot, ws: ServerConnection) -> None:
+        """One agent connection driving ``slot``'s call (agent/protocol.py)."""
+        if slot.agent is not None:
             await ws.send(error("bad_state", "this session already has an agent connected"))
             await ws.close(4409, "agent already connected")
             return
-        entry.agent = ws
-        self._disarm_offer_timer(entry)  # a connected agent is activity: see docs/agents.md
-        channel = AgentChannel(entry.live.avatar)
+        slot.agent = ws
+        self._disarm_offer_timer(slot)  # a connected agent is activity: see docs/agents.md
+        channel = AgentChannel(slot.call.avatar)
         info = self.pipeline.info
-        log.info("session %s: agent connected", entry.live.token[:6])
+        log.info("call %s: agent connected", slot.call.token[:6])
         try:
             await ws.send(
                 json.dumps(
                     {
                         "type": "agent",
-                        "token": entry.live.token,
+                        "token": slot.call.token,
                         "sample_rate": info.sample_rate,
                         "video": {"width": info.width, "height": info.height, "fps": info.fps},
                     }
                 )
             )
             async for raw in ws:
-                reply = await self._guarded(entry, self._agent_message(channel, raw))
+                reply = await self._guarded(slot, self._agent_message(channel, raw))
                 if reply is not None:
                     await ws.send(reply)
-                if channel.closed or entry.closed:
+                if channel.closed or slot.closed:
                     break
         except ConnectionClosed:
             pass
         finally:
-            if entry.agent is ws:
-                entry.agent = None
-                if not entry.closed:
+            if slot.agent is ws:
+                slot.agent = None
+                if not slot.closed:
                     with contextlib.suppress(Exception):
                         channel.detach()
-                    if entry.peer is None:
-                        self._arm_offer_timer(entry)
+                    if slot.call.peer is None:
+                        self._arm_offer_timer(slot)
             with contextlib.suppress(Exception):
                 await ws.close()
-            log.info("session %s: agent left", entry.live.token[:6])
+            log.info("call %s: agent left", slot.call.token[:6])
 
     @staticmethod
     async def _agent_message(channel: AgentChannel, raw: str | bytes) -> None:
@@ -492,123 +494,120 @@ class AvatarServer:
 
     # -- offer timeout, failures ---------------------------------------------------------------
 
-    def _arm_offer_timer(self, entry: Entry) -> None:
-        self._disarm_offer_timer(entry)
-        if not entry.closed:
-            entry.offer_timer = asyncio.get_running_loop().call_later(
-                self.offer_timeout_s, self._offer_timed_out, entry
+    def _arm_offer_timer(self, slot: CallSlot) -> None:
+        self._disarm_offer_timer(slot)
+        if not slot.closed:
+            slot.offer_timer = asyncio.get_running_loop().call_later(
+                self.offer_timeout_s, self._offer_timed_out, slot
             )
 
     @staticmethod
-    def _disarm_offer_timer(entry: Entry) -> None:
-        if entry.offer_timer is not None:
-            entry.offer_timer.cancel()
-            entry.offer_timer = None
+    def _disarm_offer_timer(slot: CallSlot) -> None:
+        if slot.offer_timer is not None:
+            slot.offer_timer.cancel()
+            slot.offer_timer = None
 
-    def _offer_timed_out(self, entry: Entry) -> None:
-        entry.offer_timer = None
-        if entry.closed or entry.peer is not None or entry.agent is not None:
+    def _offer_timed_out(self, slot: CallSlot) -> None:
+        slot.offer_timer = None
+        if slot.closed or slot.call.peer is not None or slot.agent is not None:
             return
-        log.info("session %s: no offer within %g s", entry.live.token[:6], self.offer_timeout_s)
+        log.info("call %s: no offer within %g s", slot.call.token[:6], self.offer_timeout_s)
         msg = error(
             "offer_timeout",
             f"no offer within {self.offer_timeout_s:g} s: the session was closed to free its "
             "slot; start the call again",
         )
-        self._end_soon(entry, msg, 4408, "no offer")
+        self._end_soon(slot, msg, 4408, "no offer")
 
-    def _on_failure(self, entry: Entry, err: BaseException) -> None:
-        """Generation failed: tell the page and the agent, then end this session only."""
+    def _on_failure(self, slot: CallSlot, err: BaseException) -> None:
+        """Generation failed: tell the page and the agent, then end this call only."""
         msg = error(
             "generation_failed",
             f"the avatar stopped: generation failed ({err}); the call has ended, start a new one",
         )
-        self._end_soon(entry, msg, 1011, "generation failed")
+        self._end_soon(slot, msg, 1011, "generation failed")
 
-    def _end_soon(self, entry: Entry, msg: str, code: int, reason: str) -> None:
+    def _end_soon(self, slot: CallSlot, msg: str, code: int, reason: str) -> None:
         async def end() -> None:
-            for ws in (entry.ws, entry.agent):
+            for ws in (slot.ws, slot.agent):
                 if ws is not None:
                     with contextlib.suppress(ConnectionClosed):
                         await ws.send(msg)
             with contextlib.suppress(Exception):
-                await entry.ws.close(code, reason)
-            await self._close(entry)
+                await slot.ws.close(code, reason)
+            await self._close(slot)
 
-        if not entry.closed:
-            # Not in entry.tasks: _close cancels those, and this task is the one calling it.
+        if not slot.closed:
+            # Not in slot.tasks: _close cancels those, and this task is the one calling it.
             task = asyncio.get_running_loop().create_task(end())
             self._ending.add(task)
             task.add_done_callback(self._ending.discard)
 
-    def _on_playback(self, entry: Entry, event: PlaybackEvent) -> None:
+    def _on_playback(self, slot: CallSlot, event: PlaybackEvent) -> None:
         """Playback events go to the page (``speech``) and to the agent (agent protocol)."""
         if isinstance(event, PlaybackStarted):
             state = "started"
         else:
             state = "interrupted" if event.interrupted else "finished"
-        self._send_soon(entry, {"type": "speech", "state": state})
-        if entry.agent is not None:
-            self._send_soon(entry, event_message(event), entry.agent)
+        self._send_soon(slot, {"type": "speech", "state": state})
+        if slot.agent is not None:
+            self._send_soon(slot, event_message(event), slot.agent)
 
-    def _say_done(self, entry: Entry, task: asyncio.Task) -> None:
-        if task.cancelled() or entry.closed:
+    def _say_done(self, slot: CallSlot, task: asyncio.Task) -> None:
+        if task.cancelled() or slot.closed:
             return
         err = task.exception()
         if err is not None:
             code = "busy" if getattr(err, "retryable", False) else "bad_request"
-            self._send_soon(entry, json.loads(error(code, f"say failed: {err}")))
+            self._send_soon(slot, json.loads(error(code, f"say failed: {err}")))
 
     # -- sending -------------------------------------------------------------------------------
 
     def _send_soon(
-        self, entry: Entry, msg: dict[str, Any], ws: ServerConnection | None = None
+        self, slot: CallSlot, msg: dict[str, Any], ws: ServerConnection | None = None
     ) -> None:
-        if not entry.closed:
-            task = asyncio.get_running_loop().create_task(self._send(entry, msg, ws))
-            entry.tasks.append(task)
+        if not slot.closed:
+            task = asyncio.get_running_loop().create_task(self._send(slot, msg, ws))
+            slot.tasks.append(task)
             # Finished sends leave the list: a long call must not accumulate done tasks.
-            task.add_done_callback(lambda t: t in entry.tasks and entry.tasks.remove(t))
+            task.add_done_callback(lambda t: t in slot.tasks and slot.tasks.remove(t))
 
     async def _send(
-        self, entry: Entry, msg: dict[str, Any], ws: ServerConnection | None = None
+        self, slot: CallSlot, msg: dict[str, Any], ws: ServerConnection | None = None
     ) -> None:
         with contextlib.suppress(ConnectionClosed):
-            await (ws or entry.ws).send(json.dumps(msg))
+            await (ws or slot.ws).send(json.dumps(msg))
 
-    async def _stats(self, entry: Entry) -> None:
+    async def _stats(self, slot: CallSlot) -> None:
         last_sent, last_t = 0, time.monotonic()
-        while not entry.closed:
+        while not slot.closed:
             await asyncio.sleep(STATS_INTERVAL_S)
-            stats = entry.live.stats()
+            stats = slot.call.stats()
             now = time.monotonic()
             stats["fps"] = round((stats["frames_sent"] - last_sent) / (now - last_t), 1)
             last_sent, last_t = stats["frames_sent"], now
-            await self._send(entry, {"type": "stats", **stats})
+            await self._send(slot, {"type": "stats", **stats})
 
-    async def _close(self, entry: Entry) -> None:
-        if self.sessions.get(entry.live.token) is not entry:
+    async def _close(self, slot: CallSlot) -> None:
+        if self.calls.get(slot.call.token) is not slot:
             return
-        entry.closed = True
-        del self.sessions[entry.live.token]
-        self._disarm_offer_timer(entry)
+        slot.closed = True
+        del self.calls[slot.call.token]
+        self._disarm_offer_timer(slot)
         if self.mirror_factory is not None:
-            self._draining.add(entry.slot)
-        for task in entry.tasks:
+            self._draining.add(slot.number)
+        for task in slot.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
-        if entry.peer is not None:
-            with contextlib.suppress(Exception):
-                await entry.peer.close()
         try:
-            await entry.live.close()
+            await slot.call.close()
         finally:
-            self._draining.discard(entry.slot)
-        for ws in (entry.ws, entry.agent):
+            self._draining.discard(slot.number)
+        for ws in (slot.ws, slot.agent):
             if ws is not None:
                 with contextlib.suppress(Exception):
                     await ws.close()
-        log.info("session %s closed (%d active)", entry.live.token[:6], len(self.sessions))
+        log.info("call %s closed (%d active)", slot.call.token[:6], len(self.calls))
 
     # -- running -------------------------------------------------------------------------------
 
@@ -628,8 +627,8 @@ class AvatarServer:
         return self._ws.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
-        for entry in list(self.sessions.values()):
-            await self._close(entry)
+        for slot in list(self.calls.values()):
+            await self._close(slot)
         for task in list(self._ending):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

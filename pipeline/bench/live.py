@@ -28,13 +28,13 @@ HOST_IN_NETNS = "127.0.0.2"
 
 async def measure(spec: dict) -> dict:
     from pipeline.bench.worker import bench_reference
+    from rtc.call import CallConfig
     from rtc.client import CallResult
-    from rtc.live import LiveConfig
     from rtc.server import AvatarServer
 
     config = TalkloopConfig.model_validate(spec["config"])
     pipeline = await asyncio.to_thread(Pipeline.from_config, config)
-    live = LiveConfig(**{**spec.get("live", {}), "stamp_frames": True})
+    live = CallConfig(**{**spec.get("live", {}), "stamp_frames": True})
     reference = bench_reference(config)
     server = AvatarServer(pipeline, reference, "", live, 1, "")
     port = await server.start(spec["host"], 0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import websockets
 
-from rtc.live import LiveConfig
+from rtc.call import CallConfig
 from rtc.security import AccessPolicy
 from rtc.server import AvatarServer
 from rtc.tls import self_signed, server_context
@@ -65,7 +65,7 @@ def test_the_example_agent_speaks_over_wss_with_the_token(example, live_pipeline
             live_pipeline,
             make_reference(),
             "",
-            LiveConfig(playout_delay_ms=200),
+            CallConfig(playout_delay_ms=200),
             access=AccessPolicy(token=TOKEN),
         )
         port = await server.start("127.0.0.1", 0, ssl_context=server_context(cert, key))
@@ -73,7 +73,7 @@ def test_the_example_agent_speaks_over_wss_with_the_token(example, live_pipeline
         try:
             async with websockets.connect(f"{base}?access={TOKEN}", ssl=client) as viewer:
                 token = json.loads(await viewer.recv())["token"]
-                avatar = server.sessions[token].live.avatar
+                avatar = server.calls[token].call.avatar
                 avatar.start()  # as after the viewer's offer
                 media = asyncio.create_task(drain(avatar))  # the viewer's tracks stand-in
                 with pytest.raises(SystemExit, match="bad_access"):

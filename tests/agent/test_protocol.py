@@ -12,7 +12,7 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from rtc.live import LiveConfig
+from rtc.call import CallConfig
 from rtc.server import AvatarServer
 
 from support import make_reference
@@ -42,14 +42,14 @@ async def drain(avatar) -> None:
 
 def test_agent_protocol_events_and_bad_input(live_pipeline) -> None:
     async def body():
-        live = LiveConfig(playout_delay_ms=200, max_pending_speech_s=2.0)
+        live = CallConfig(playout_delay_ms=200, max_pending_speech_s=2.0)
         server = AvatarServer(live_pipeline, make_reference(), "", live, max_sessions=1)
         port = await server.start("127.0.0.1", 0)
         url = f"ws://127.0.0.1:{port}/ws"
         try:
             async with websockets.connect(url) as viewer:
                 token = json.loads(await viewer.recv())["token"]
-                avatar = server.sessions[token].live.avatar
+                avatar = server.calls[token].call.avatar
                 avatar.start()  # as after the viewer's offer
                 # the viewer's tracks stand-in: playback is what the outputs emit
                 viewer_media = asyncio.create_task(drain(avatar))
@@ -106,7 +106,7 @@ def test_agent_protocol_events_and_bad_input(live_pipeline) -> None:
                     with pytest.raises(ConnectionClosed):
                         await until(agent, "never")
                 await asyncio.sleep(0.2)
-                alive = token in server.sessions
+                alive = token in server.calls
                 async with websockets.connect(url + f"?token={token}&role=agent") as again:
                     rejoined = json.loads(await again.recv())
                 viewer_media.cancel()

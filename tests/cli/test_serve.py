@@ -36,28 +36,28 @@ def test_bad_max_lag(capsys, value: str) -> None:
     assert err.endswith(f"got {value}")
 
 
-def test_max_lag_reaches_the_live_sessions(monkeypatch, capsys) -> None:
+def test_max_lag_reaches_the_calls(monkeypatch, capsys) -> None:
     import rtc.app
-    from rtc.live import LiveConfig
+    from rtc.call import CallConfig
 
-    seen: list[LiveConfig] = []
+    seen: list[CallConfig] = []
 
     async def fake_serve_forever(
-        config, reference, prompt, host, port, max_sessions, live, *a, **k
+        config, reference, prompt, host, port, max_sessions, call_config, *a, **k
     ):
-        seen.append(live)
+        seen.append(call_config)
 
     monkeypatch.setattr(rtc.app, "serve_forever", fake_serve_forever)
     assert main(["serve", *TINY, "--max-lag-ms", "400", "--playout-delay-ms", "700"]) == 0
     assert main(["serve", *TINY]) == 0
     assert (seen[0].max_lag_ms, seen[0].playout_delay_ms) == (400, 700)
-    assert seen[1] == LiveConfig()  # without the flags: the defaults
+    assert seen[1] == CallConfig()  # without the flags: the defaults
 
 
 def test_help_documents_max_lag(capsys) -> None:
-    from rtc.live import LiveConfig
+    from rtc.call import CallConfig
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--max-lag-ms MS" in text and f"default {LiveConfig().max_lag_ms}" in text
+    assert "--max-lag-ms MS" in text and f"default {CallConfig().max_lag_ms}" in text

@@ -16,7 +16,7 @@ from pipeline.cli import main
 from pipeline.core.config import build_config
 from pipeline.core.pipeline import Pipeline
 from rtc.app import live_config_dict
-from rtc.live import LiveConfig
+from rtc.call import CallConfig
 from rtc.security import AccessPolicy, check_exposure, normalize_origin
 from rtc.server import AvatarServer
 from rtc.tls import fingerprint, self_signed, server_context
@@ -41,7 +41,7 @@ def run(coro):
 
 
 async def serving(pipeline, body, ssl_context=None, max_sessions: int = 1, **kw):
-    server = AvatarServer(pipeline, make_reference(), "", LiveConfig(), max_sessions, **kw)
+    server = AvatarServer(pipeline, make_reference(), "", CallConfig(), max_sessions, **kw)
     port = await server.start("127.0.0.1", 0, ssl_context=ssl_context)
     scheme = "wss" if ssl_context else "ws"
     try:
@@ -232,10 +232,10 @@ def test_a_connected_agent_keeps_a_session_without_an_offer(pipeline) -> None:
         async with websockets.connect(ws_url + f"?token={token}&role=agent") as agent:
             await first(agent)
             await asyncio.sleep(1.2)  # over twice the timeout
-            kept = token in server.sessions
+            kept = token in server.calls
         # the agent left and still no offer: the timeout runs again from now
         await asyncio.sleep(0.2)
-        still = token in server.sessions
+        still = token in server.calls
         while (msg := json.loads(await asyncio.wait_for(page.recv(), 10)))["type"] == "stats":
             pass
         return kept, still, msg
@@ -269,7 +269,7 @@ def served(monkeypatch):
     seen: list[dict] = []
 
     async def fake_serve_forever(
-        config, reference, prompt, host, port, max_sessions, live, *a, **k
+        config, reference, prompt, host, port, max_sessions, call_config, *a, **k
     ):
         seen.append({"host": host, "max_sessions": max_sessions, **k})
 
@@ -327,7 +327,7 @@ def test_the_avatar_upload_obeys_the_same_rules(pipeline) -> None:
             refused = (await first(ws), await closed_code(ws))
         with pytest.raises(InvalidStatus) as foreign:
             await websockets.connect(ws_url + f"?avatar=1&access={TOKEN}", origin="https://x.test")
-        return refused, foreign.value.response.status_code, len(server.sessions)
+        return refused, foreign.value.response.status_code, len(server.calls)
 
     (msg, code), status, sessions = run(serving(pipeline, body, access=AccessPolicy(TOKEN)))
     assert msg["code"] == "bad_access" and code == 4401

@@ -18,7 +18,7 @@ from pipeline.core.pipeline import Pipeline
 from pipeline.reference import fit_array
 from rtc.app import live_config_dict
 from rtc.avatar import MAX_AVATAR_BYTES, decode_avatar
-from rtc.live import LiveConfig
+from rtc.call import CallConfig
 from rtc.server import AvatarServer
 
 from support import make_reference, tiny_config
@@ -91,7 +91,7 @@ def pipeline(tiny_modules) -> Pipeline:
 
 
 async def with_server(pipeline, body):
-    server = AvatarServer(pipeline, make_reference(), "", LiveConfig(), 1, "")
+    server = AvatarServer(pipeline, make_reference(), "", CallConfig(), 1, "")
     port = await server.start("127.0.0.1", 0)
     try:
         return await body(server, f"ws://127.0.0.1:{port}/ws")
@@ -109,7 +109,7 @@ def test_the_call_opens_on_the_sent_photo(pipeline) -> None:
 
     async def body(server, url):
         opened = []
-        server.on_session = opened.append
+        server.on_call = opened.append
         async with websockets.connect(url + "?avatar=1") as ws:
             await ws.send(json.dumps({"type": "avatar", "image": encoded(photo, "PNG")}))
             hello = json.loads(await ws.recv())

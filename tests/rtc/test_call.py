@@ -40,7 +40,7 @@ def test_call_streams_paced_video_and_aligned_audio() -> None:
 def test_twenty_calls_free_everything_they_held() -> None:
     r = run_in_netns("cycles.py", "--cycles", "20")
     assert r["sessions_left"] == 0
-    assert r["tracked"] == 21 and r["alive_sessions"] == 0  # every LiveSession was collected
+    assert r["tracked"] == 21 and r["alive_calls"] == 0  # every Call was collected
     assert r["threads"] == r["base_threads"]  # no session thread survives (pool workers aside)
     rss = np.array(r["rss_mb"])
     # memory returns near the baseline after the first calls' allocator step (seen 30-71 MB on

@@ -15,8 +15,8 @@ from pipeline.core.config import build_config
 from pipeline.core.errors import ConfigError
 from pipeline.core.pipeline import Pipeline
 from rtc.app import live_config_dict
+from rtc.call import CallConfig
 from rtc.ice import IceConfig, check_ice_url
-from rtc.live import LiveConfig
 from rtc.peer import Peer
 from rtc.server import AvatarServer
 
@@ -164,9 +164,9 @@ def test_the_session_message_tells_the_page_and_the_peer_uses_them(
     given = []
 
     class RecordingPeer(Peer):  # the configuration the server builds its peer with
-        def __init__(self, live, on_closed, configuration=None) -> None:
+        def __init__(self, call, on_closed, configuration=None) -> None:
             given.append(configuration)
-            super().__init__(live, on_closed, configuration)
+            super().__init__(call, on_closed, configuration)
 
         async def answer(self, sdp: str) -> str:  # no media needed: stop at the offer
             raise ProtocolError("bad_sdp", "not answered in this test")
@@ -174,7 +174,7 @@ def test_the_session_message_tells_the_page_and_the_peer_uses_them(
     monkeypatch.setattr(rtc.server, "Peer", RecordingPeer)
 
     async def body() -> tuple[dict, dict]:
-        server = AvatarServer(pipeline, make_reference(), "", LiveConfig(), ice=ice)
+        server = AvatarServer(pipeline, make_reference(), "", CallConfig(), ice=ice)
         port = await server.start("127.0.0.1", 0)
         try:
             async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:

@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from pipeline.core.config import build_config
 from pipeline.core.pipeline import Pipeline
 from rtc.app import live_config_dict
-from rtc.live import LiveConfig
+from rtc.call import CallConfig
 from rtc.server import MAX_QUEUED_SAYS, AvatarServer
 
 from support import make_reference, tiny_config
@@ -35,7 +35,7 @@ def run(coro, timeout: float = 90):
 
 
 async def serving(pipeline, body, max_sessions: int = 1):
-    server = AvatarServer(pipeline, make_reference(), "", LiveConfig(), max_sessions)
+    server = AvatarServer(pipeline, make_reference(), "", CallConfig(), max_sessions)
     port = await server.start("127.0.0.1", 0)
     try:
         return await body(server, f"ws://127.0.0.1:{port}/ws")
@@ -93,7 +93,7 @@ def test_deep_json_and_bad_candidates_get_errors_and_the_session_goes_on(pipelin
             errors.append(await until(ws, "error"))
             await ws.send(json.dumps({"type": "prompt", "text": "calm"}))
             stats = await until(ws, "stats")
-            alive = len(server.sessions)
+            alive = len(server.calls)
         return errors, answer, stats, alive
 
     errors, answer, stats, alive = run(serving(pipeline, body))
@@ -131,7 +131,7 @@ def test_a_say_flood_is_bounded_and_off_the_default_executor(pipeline) -> None:
     async def body(server, ws_url):
         async with websockets.connect(ws_url) as ws:
             token = (await until(ws, "session"))["token"]
-            avatar = server.sessions[token].live.avatar
+            avatar = server.calls[token].call.avatar
             text = ("Hello there, this is a long sentence to speak. " * 45)[:2000]
             for _ in range(200):
                 await ws.send(json.dumps({"type": "say", "text": text}))
@@ -167,21 +167,21 @@ def test_a_generation_failure_ends_that_session_only_and_says_so(pipeline, caplo
         async with websockets.connect(ws_url) as ok, websockets.connect(ws_url) as bad:
             await until(ok, "session")
             token = (await until(bad, "session"))["token"]
-            live = server.sessions[token].live
+            call = server.calls[token].call
             agent = await websockets.connect(ws_url + f"?token={token}&role=agent")
             await until(agent, "agent")
 
             def broken(*a, **k):
                 raise Boom("the model fell over")
 
-            live.session.step = broken
-            live.start()
+            call.session.step = broken
+            call.start()
             page_err = await until(bad, "error")
             agent_err = await until(agent, "error")
             with pytest.raises(ConnectionClosed):
                 await until(bad, "never", 10)
             await asyncio.sleep(0.3)  # time for a warning storm, if there were one
-            left = list(server.sessions)
+            left = list(server.calls)
             await ok.send(json.dumps({"type": "prompt", "text": "calm"}))
             still = await until(ok, "stats")
             await agent.close()
@@ -202,13 +202,13 @@ def test_stopping_the_server_mid_call_logs_no_traceback(pipeline, caplog) -> Non
     async def body(server, ws_url):
         ws = await websockets.connect(ws_url)
         token = (await until(ws, "session"))["token"]
-        server.sessions[token].live.start()
+        server.calls[token].call.start()
         await until(ws, "stats")
         await asyncio.sleep(0.5)
-        return server.sessions[token].live
+        return server.calls[token].call
 
     with caplog.at_level(logging.WARNING):
-        live = run(serving(pipeline, body))
-    assert not live._thread.is_alive()
+        call = run(serving(pipeline, body))
+    assert not call._thread.is_alive()
     noisy = [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
     assert noisy == [], [r.getMessage() for r in noisy]

@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from pipeline.core.config import build_config
 from pipeline.core.pipeline import Pipeline
 from rtc.app import live_config_dict
-from rtc.live import LiveConfig
+from rtc.call import CallConfig
 from rtc.server import AvatarServer
 
 from support import make_reference, tiny_config
@@ -35,7 +35,7 @@ def run(coro):
 
 
 async def with_server(pipeline, body, max_sessions: int = 1):
-    server = AvatarServer(pipeline, make_reference(), "", LiveConfig(), max_sessions, "note")
+    server = AvatarServer(pipeline, make_reference(), "", CallConfig(), max_sessions, "note")
     port = await server.start("127.0.0.1", 0)
     try:
         return await body(server, f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}")
@@ -89,7 +89,7 @@ def test_session_hello_and_protocol_errors_keep_the_session(pipeline) -> None:
                 errors.append(await next_message(ws, "error"))
             await ws.send(json.dumps({"type": "prompt", "text": "calm"}))
             await ws.send(json.dumps({"type": "interrupt"}))
-            alive = len(server.sessions)
+            alive = len(server.calls)
             return hello, errors, alive
 
     hello, errors, alive = run(with_server(pipeline, body))
@@ -124,7 +124,7 @@ def test_busy_bad_token_and_oversize(pipeline) -> None:
             with pytest.raises(ConnectionClosed) as big:
                 await first.recv()
         await asyncio.sleep(0.2)
-        left = len(server.sessions)
+        left = len(server.calls)
         async with websockets.connect(ws_url) as again:
             fresh = json.loads(await again.recv())
         return busy, busy_code, bad, big.value.rcvd.code, left, fresh
@@ -141,20 +141,20 @@ def test_vanished_client_frees_its_session(pipeline) -> None:
     async def body(server, ws_url, http):
         ws = await websockets.connect(ws_url)
         await ws.recv()
-        live = next(iter(server.sessions.values())).live
-        live.start()  # generation thread + driver running, as in a call
+        call = next(iter(server.calls.values())).call
+        call.start()  # generation thread + driver running, as in a call
         await asyncio.sleep(0.5)
         ws.transport.abort()  # no close frame: the client just disappears
         for _ in range(100):
-            if not server.sessions:
+            if not server.calls:
                 break
             await asyncio.sleep(0.05)
-        return len(server.sessions), live
+        return len(server.calls), call
 
-    left, live = run(with_server(pipeline, body))
+    left, call = run(with_server(pipeline, body))
     assert left == 0
-    assert not live._thread.is_alive()
-    assert live.session.state.context_latents is None  # tensors released
+    assert not call._thread.is_alive()
+    assert call.session.state.context_latents is None  # tensors released
     assert not [t for t in threading.enumerate() if t.name.startswith("gen-")]
 
 
@@ -173,12 +173,12 @@ def test_session_tokens_are_hex_and_sessions_get_free_slots(pipeline) -> None:
             await second.recv()
             await first.close()  # frees slot 1 while slot 2 stays taken
             for _ in range(100):
-                if len(server.sessions) == 1:
+                if len(server.calls) == 1:
                     break
                 await asyncio.sleep(0.05)
             async with websockets.connect(ws_url) as third:
                 await third.recv()
-                open_slots = sorted(e.slot for e in server.sessions.values())
+                open_slots = sorted(s.number for s in server.calls.values())
         return hello, open_slots
 
     hello, open_slots = run(with_server(pipeline, body, max_sessions=2))
@@ -219,7 +219,7 @@ def test_a_slot_stays_taken_while_its_mirror_drains(pipeline) -> None:
         server.mirror_factory = mirrors
         ws = await websockets.connect(ws_url)
         await ws.recv()
-        next(iter(server.sessions.values())).live.start()  # generating, so sinks get closed
+        next(iter(server.calls.values())).call.start()  # generating, so sinks get closed
         await asyncio.sleep(0.5)
         await ws.close()
         await asyncio.to_thread(made[0][1].closing.wait, 30)
@@ -265,7 +265,7 @@ def test_a_session_that_never_started_closes_its_mirrors(pipeline) -> None:
         async with websockets.connect(ws_url) as ws:  # the page opens a session, no call follows
             await ws.recv()
         for _ in range(100):
-            if not server.sessions and not server._draining:
+            if not server.calls and not server._draining:
                 break
             await asyncio.sleep(0.05)
 

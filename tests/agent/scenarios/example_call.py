@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "rtc" / "scenarios"))
 
 from agent.tts import EspeakTTS  # noqa: E402
+from rtc.call import CallConfig  # noqa: E402
 from rtc.client import run_call  # noqa: E402
-from rtc.live import LiveConfig  # noqa: E402
 
 from common import emit, start_server, tiny_live_pipeline  # noqa: E402
 
@@ -26,9 +26,9 @@ LINES = [
 
 async def main() -> None:
     pipeline = tiny_live_pipeline(128)
-    server, url = await start_server(pipeline, live=LiveConfig())
+    server, url = await start_server(pipeline, call_config=CallConfig())
     tokens: asyncio.Queue[str] = asyncio.Queue()
-    server.on_session = lambda live: tokens.put_nowait(live.token)
+    server.on_call = lambda call: tokens.put_nowait(call.token)
     # The call outlasts the agent by a margin: its process spends seconds importing before it
     # joins, more on a busy machine, and a call that ends first makes it exit with an error.
     call = asyncio.create_task(run_call(url, 20.0))
@@ -60,7 +60,7 @@ async def main() -> None:
             "events": events,
             "durations_ms": durations_ms,
             "audio_rms": r.audio_rms,
-            "sessions_left": len(server.sessions),
+            "sessions_left": len(server.calls),
         }
     )
 

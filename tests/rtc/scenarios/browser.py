@@ -53,7 +53,7 @@ async def main() -> None:
         await page.click("#call")  # end the call from the page
         await asyncio.sleep(1.0)
         await browser.close()
-    left = len(server.sessions)
+    left = len(server.calls)
     await server.stop()
     emit(
         {

@@ -49,7 +49,7 @@ async def main() -> None:
             "glass_to_glass_ms": lat,
             "stats": r.stats,
             "audio_rms": r.audio_rms,
-            "sessions_left": len(server.sessions),
+            "sessions_left": len(server.calls),
         }
     )
 

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/ for conft
 from pipeline.core.config import build_config  # noqa: E402
 from pipeline.core.pipeline import Pipeline  # noqa: E402
 from rtc.app import live_config_dict  # noqa: E402
-from rtc.live import LiveConfig  # noqa: E402
+from rtc.call import CallConfig  # noqa: E402
 from rtc.server import AvatarServer  # noqa: E402
 
 from support import make_reference, tiny_config  # noqa: E402
@@ -47,8 +47,8 @@ def tiny_live_pipeline(size: int = 128) -> Pipeline:
 
 async def start_server(pipeline: Pipeline, **kw) -> tuple[AvatarServer, str]:
     size = pipeline.info.width
-    live = kw.pop("live", LiveConfig(stamp_frames=True))
-    server = AvatarServer(pipeline, make_reference(size, size), "", live, **kw)
+    config = kw.pop("call_config", CallConfig(stamp_frames=True))
+    server = AvatarServer(pipeline, make_reference(size, size), "", config, **kw)
     port = await server.start(HOST, 0)
     return server, f"ws://{HOST}:{port}/ws"
 

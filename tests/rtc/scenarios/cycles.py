@@ -30,7 +30,7 @@ async def main() -> None:
     pipeline = tiny_live_pipeline(128)
     server, url = await start_server(pipeline)
     refs: list[weakref.ref] = []
-    server.on_session = lambda live: refs.append(weakref.ref(live))
+    server.on_call = lambda call: refs.append(weakref.ref(call))
     mic = np.zeros(16000, np.float32)
     await run_call(url, 1.0, mic=mic)  # warm-up: codecs, thread pools, allocator pools
     await asyncio.sleep(0.5)
@@ -51,9 +51,9 @@ async def main() -> None:
             "rss_mb": rss,
             "base_threads": base_threads,
             "threads": own_threads(),
-            "sessions_left": len(server.sessions),
+            "sessions_left": len(server.calls),
             "tracked": len(refs),
-            "alive_sessions": alive,
+            "alive_calls": alive,
         }
     )
     await server.stop()

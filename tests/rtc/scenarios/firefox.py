@@ -165,7 +165,7 @@ async def main() -> None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-    left = len(server.sessions)
+    left = len(server.calls)
     await server.stop()
     emit(
         {

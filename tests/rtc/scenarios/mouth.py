@@ -24,8 +24,8 @@ from pipeline.studio.character import sample_character
 from pipeline.train.data import mouth_crop
 from pipeline.train.readout import load_readout, read_frames
 from rtc.app import live_config_dict
+from rtc.call import CallConfig
 from rtc.client import run_call
-from rtc.live import LiveConfig
 from rtc.server import AvatarServer
 
 from common import HOST, emit
@@ -37,7 +37,7 @@ async def main() -> None:
     config = build_config(**live_config_dict({}))  # what `talkloop serve` runs
     pipeline = await asyncio.to_thread(Pipeline.from_config, config)
     ref = load_reference(default_reference(), 256, 256)
-    server = AvatarServer(pipeline, ref, "", LiveConfig(), 1, "")
+    server = AvatarServer(pipeline, ref, "", CallConfig(), 1, "")
     port = await server.start(HOST, 0)
     speech = load_audio(HELLO_WAV, 16000)[: int(SPEECH_S * 16000)]
     mic = np.concatenate(

@@ -35,7 +35,7 @@ async def main() -> None:
     server, url = await start_server(pipeline)
     server.reference = load_reference(config, None)  # the server's own avatar: the default
     opened = []
-    server.on_session = opened.append
+    server.on_call = opened.append
     page_url = url.replace("ws://", "http://").removesuffix("/ws") + "/"
     async with async_playwright() as p:
         browser = await p.chromium.launch(

@@ -70,7 +70,7 @@ async def main() -> None:
             "relayed_peers": peers,
             "relayed_bytes": relayed,
             "server_host": HOST,
-            "sessions_left": len(server.sessions),
+            "sessions_left": len(server.calls),
         }
     )
 

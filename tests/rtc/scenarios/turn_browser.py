@@ -68,7 +68,7 @@ async def main() -> None:
             await page.click("#call")
             await asyncio.sleep(1.0)
             await browser.close()
-        left = len(server.sessions)
+        left = len(server.calls)
         await server.stop()
         turn.wait_for_usage()
     # read after coturn has stopped: a UDP allocation aiortc leaves open is counted at exit

@@ -1,11 +1,11 @@
-"""LiveSession: one avatar call over WebRTC, built on the in-process AvatarSession.
+"""Call: one browser call over WebRTC: its peer, its avatar (an AvatarSession) and its mirrors.
 
     microphone (aiortc) -> resample to the pipeline rate -> AvatarSession.add_microphone
     "say" text / agent speech                            -> AvatarSession (segments)
     AvatarSession.next_video() -> AvatarVideoTrack ;  AvatarSession.next_audio() -> AvatarAudioTrack
 
 Everything about generation, pacing, speech segments and interrupts lives in the AvatarSession
-(``agent/session.py``); this class adds what a call needs: the tracks, the microphone, and the
+(``agent/session.py``); this class adds what a call needs: the peer, the tracks, the microphone and the
 latency stamps of the tests.
 """
 
@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
@@ -30,43 +30,54 @@ from pipeline.core.session import Session
 from pipeline.outputs.sink import Sink
 from rtc.tracks import AvatarAudioTrack, AvatarVideoTrack, stamp_bits
 
+if TYPE_CHECKING:
+    from rtc.peer import Peer
 
-class LiveConfig(AvatarConfig):
-    """Live-call settings: the avatar session's, plus test hooks."""
+
+class CallConfig(AvatarConfig):
+    """Call settings: the avatar session's, plus test hooks."""
 
     stamp_frames: bool = Field(
         False, description="paint the audio arrival time into frames (tests)"
     )
 
 
-class LiveSession:
-    """Owns an AvatarSession, its two tracks and the microphone reader."""
+class Call:
+    """One browser call: owns its AvatarSession, the two tracks, the microphone reader and, once
+    the page has sent its offer, the Peer (``rtc/peer.py``) that carries them.
+
+    Layers, outside in: the server's ``CallSlot`` (``rtc/server.py``: the page and agent
+    connections of one call) -> ``Call`` -> ``AvatarSession`` (``agent/session.py``: speech in,
+    paced audio and video out) -> ``Session`` (``pipeline/core/session.py``: the generation
+    stream and its rolling memory).
+    """
 
     def __init__(
         self,
         pipeline: Pipeline,
         reference: np.ndarray,
         prompt: str,
-        live: LiveConfig,
+        config: CallConfig,
         token: str,
         mirrors: Sequence[Sink] = (),
         executor: Executor | None = None,
     ) -> None:
         self.token = token
-        self.live = live
+        self.config = config
         self.pipeline = pipeline
         self.avatar = AvatarSession(
-            pipeline, reference, prompt, live, name=token, mirrors=mirrors, executor=executor
+            pipeline, reference, prompt, config, name=token, mirrors=mirrors, executor=executor
         )
         self.audio_track = AvatarAudioTrack(self.avatar)
-        stamp = self._stamp if live.stamp_frames else None
+        stamp = self._stamp if config.stamp_frames else None
         self.video_track = AvatarVideoTrack(self.avatar, stamp)
+        self.peer: Peer | None = None  # set by the server when the page's offer is answered
         self._tasks: list[asyncio.Task] = []
         self.created_at = time.monotonic()
 
     @property
     def session(self) -> Session:
-        """The pipeline session (rolling memory) of this call."""
+        """The pipeline session (the generation stream and its rolling memory) of this call."""
         return self.avatar.session
 
     @property
@@ -84,13 +95,16 @@ class LiveSession:
         self._tasks.append(asyncio.get_running_loop().create_task(self._read_microphone(track)))
 
     async def close(self) -> None:
-        """Stop everything and release what the session held. Idempotent."""
+        """Close the peer, stop everything and release what the call held. Idempotent."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.peer is not None:
+            with contextlib.suppress(Exception):
+                await self.peer.close()
         self.audio_track.stop()
         self.video_track.stop()
         await self.avatar.close()  # closes the pipeline session and its mirrors, started or not
