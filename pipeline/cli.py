@@ -165,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(sub)
     add_eval_parser(sub)
+    from pipeline.cluster.cli import add_cluster_parsers
+
+    add_cluster_parsers(sub)
     return parser
 
 
@@ -320,6 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pipeline.studio.cli import cmd_studio
 
             return cmd_studio(args)
+        if args.command in ("render-batch", "worker"):
+            from pipeline.cluster.cli import cmd_cluster
+
+            return cmd_cluster(args)
         if args.command in ("train", "eval"):
             from pipeline.train.cli import cmd_eval, cmd_train
 
