@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
 from pipeline.core.errors import InputError
 
 # The rates voice stacks produce (telephony to studio); anything else is most likely a mistake
@@ -71,7 +72,7 @@ class AudioFrame:
 
     def to_mono_float(self) -> np.ndarray:
         """Float32 mono in [-1, 1): channels averaged (the mean never clips)."""
-        pcm = np.frombuffer(self.data, dtype="<i2").astype(np.float32) * np.float32(1 / 32768)
+        pcm = pcm16_to_float(self.data)
         if self.num_channels == 2:
             pcm = pcm.reshape(-1, 2).mean(axis=1, dtype=np.float32)
         return pcm
@@ -81,8 +82,7 @@ class AudioFrame:
         cls, samples: np.ndarray, sample_rate: int, pts: int | None = None, segment_id=None
     ) -> AudioFrame:
         """Mono float samples to a PCM16 frame (clipped, rounded)."""
-        x = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0) * 32767.0
-        data = np.rint(x).astype("<i2").tobytes()
+        data = float_to_pcm16(samples).astype("<i2").tobytes()
         return cls(data, sample_rate, 1, pts, segment_id)
 
 

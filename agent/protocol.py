@@ -31,10 +31,10 @@ from typing import Any
 
 from agent.frames import AudioFormatError, AudioFrame, PlaybackEvent, PlaybackStarted
 from agent.session import AvatarSession
+from agent.text import TextError, check_text
 from pipeline.core.errors import BusyError, InputError
 
 OPENAI_RATE = 24000  # OpenAI Realtime audio/pcm is always 24 kHz mono
-MAX_TEXT = 2000
 DELTA_TYPES = ("response.output_audio.delta", "response.audio.delta")
 DONE_TYPES = ("segment_end", "response.output_audio.done", "response.audio.done")
 AGENT_TYPES = (
@@ -207,11 +207,7 @@ class AgentChannel:
 
     @staticmethod
     def _text(msg: dict[str, Any], allow_empty: bool = False) -> str:
-        value = msg.get("text")
-        if not isinstance(value, str) or (not allow_empty and not value.strip()):
-            raise ProtocolError("bad_message", f"{msg['type']}: field 'text' must be a string")
-        if len(value) > MAX_TEXT:
-            raise ProtocolError(
-                "too_long", f"{msg['type']}: field 'text' is longer than {MAX_TEXT} characters"
-            )
-        return value
+        try:
+            return check_text(msg.get("text"), f"{msg['type']}: field 'text'", allow_empty)
+        except TextError as err:
+            raise ProtocolError(err.code, str(err)) from None

@@ -28,13 +28,13 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 
-import av
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.clock import Clock, Lateness, MediaClock, RealClock, av_offset_ms
 from agent.driver import AudioDriver
 from agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
+from pipeline.audio.resample import StreamResampler
 from pipeline.core.errors import BusyError, SessionClosedError
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.session import Session
@@ -87,28 +87,6 @@ class AvatarConfig(BaseModel):
     max_pending_speech_s: float = Field(
         120.0, gt=0, le=3600, description="speech queued ahead of playback at most (backpressure)"
     )
-
-
-class _Resampler:
-    """Streaming resampler for one input rate (stateful: no seams between frames)."""
-
-    def __init__(self, from_rate: int, to_rate: int) -> None:
-        self.rate = from_rate
-        self._r = av.AudioResampler(format="flt", layout="mono", rate=to_rate)
-
-    def push(self, mono: np.ndarray) -> np.ndarray:
-        frame = av.AudioFrame.from_ndarray(mono[None, :], format="flt", layout="mono")
-        frame.sample_rate = self.rate
-        return self._collect(self._r.resample(frame))
-
-    def flush(self) -> np.ndarray:
-        return self._collect(self._r.resample(None))
-
-    @staticmethod
-    def _collect(frames: list[av.AudioFrame]) -> np.ndarray:
-        if not frames:
-            return np.zeros(0, np.float32)
-        return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.float32)
 
 
 class AvatarSession:
@@ -172,7 +150,7 @@ class AvatarSession:
         # Called once, on the event loop, if generation fails (the session is then dead: its
         # video would hold the last frame forever). Not called for a close.
         self.failure_listeners: list[Callable[[BaseException], None]] = []
-        self._resamplers: dict[str, _Resampler] = {}  # per source
+        self._resamplers: dict[str, StreamResampler] = {}  # per source
         self._say_tasks: set[asyncio.Task] = set()
         self._last_say: asyncio.Task | None = None  # the newest line; the next one waits for it
         self._cuts: dict[int, int] = {}  # audio epoch -> first sample it silenced
@@ -243,17 +221,10 @@ class AvatarSession:
         if self.closed:
             raise SessionClosedError("the avatar session is closed")
         frame.check()
-        mono = frame.to_mono_float()
-        if frame.sample_rate != self.sample_rate:
-            res = self._resamplers.get(source)
-            if res is None or res.rate != frame.sample_rate:
-                tail = res.flush() if res is not None else np.zeros(0, np.float32)
-                res = self._resamplers[source] = _Resampler(frame.sample_rate, self.sample_rate)
-                mono = np.concatenate([tail, res.push(mono)])
-            else:
-                mono = res.push(mono)
-        elif source in self._resamplers:  # the rate changed to ours: flush the old resampler
-            mono = np.concatenate([self._resamplers.pop(source).flush(), mono])
+        res = self._resamplers.get(source)
+        if res is None:
+            res = self._resamplers[source] = StreamResampler(self.sample_rate)
+        mono = res.push(frame.to_mono_float(), frame.sample_rate)
         return self.driver.push_speech(mono, label, source)
 
     def end_of_segment(self, source: str = "") -> None:

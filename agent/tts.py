@@ -6,7 +6,8 @@ makes it, so the avatar starts speaking after the first chunk, not after the who
 Cancelling the consumer stops the synthesis at the next chunk. Synthesis never waits for the
 consumer: espeak is process-global and serialised by a lock, so pausing one utterance would hold
 every other session's speech behind it. What waits for the consumer is therefore at most one
-utterance (``MAX_TEXT_CHARS`` of speech, a few MB); an AvatarSession synthesises one line at a time.
+utterance (``agent.text.MAX_TEXT_CHARS`` of text, a few MB of audio); an AvatarSession
+synthesises one line at a time.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.frames import AudioFrame
-from pipeline.core.errors import InputError
+from agent.text import check_text
 from pipeline.studio.espeak import ESPEAK_RATE, engine
-
-MAX_TEXT_CHARS = 2000
 
 
 class TTSOptions(BaseModel):
@@ -36,16 +35,6 @@ class TTSOptions(BaseModel):
     )
     rate_wpm: int = Field(175, ge=80, le=450, description="words per minute")
     pitch: int = Field(50, ge=0, le=100)
-
-
-def check_text(text: str) -> str:
-    """The stripped text; InputError when it is empty or too long."""
-    text = text.strip()
-    if not text:
-        raise InputError("nothing to say: the text is empty")
-    if len(text) > MAX_TEXT_CHARS:
-        raise InputError(f"text too long to say ({len(text)} characters; at most {MAX_TEXT_CHARS})")
-    return text
 
 
 class EspeakTTS:
@@ -71,10 +60,10 @@ class EspeakTTS:
         """Yield the speech of ``text`` chunk by chunk, as espeak produces it.
 
         Raises:
-            InputError: empty or over-long text.
+            TextError: empty or over-long text (``agent/text.py``).
             ConfigError: espeak-ng is missing or has no such voice.
         """
-        text = check_text(text)
+        text = check_text(text).strip()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[np.ndarray | BaseException | None] = asyncio.Queue()
         stop = threading.Event()
@@ -106,7 +95,7 @@ class EspeakTTS:
 
     async def synthesize(self, text: str, sample_rate: int | None = None) -> np.ndarray:
         """The whole utterance as float32 mono (at ``sample_rate``, default espeak's)."""
-        from pipeline.audio.io import resample
+        from pipeline.audio.resample import resample
 
         parts = [f.to_mono_float() async for f in self.stream(text)]
         audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)

@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
-import av
 import numpy as np
 from pydantic import Field
 
 from agent.session import AvatarConfig, AvatarSession
-from pipeline.audio.io import pcm16_to_float
+from pipeline.audio.resample import StreamResampler
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.session import Session
 from pipeline.outputs.sink import Sink
@@ -128,16 +127,16 @@ class Call:
     # -- internals ---------------------------------------------------------------------------------
 
     async def _read_microphone(self, track: Any) -> None:
-        rate = self.pipeline.info.sample_rate
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+        resampler = StreamResampler(self.pipeline.info.sample_rate)
         while not self.avatar.closed:
             try:
                 frame = await track.recv()
             except Exception:  # MediaStreamError: the browser stopped sending
                 return
             arrived = time.monotonic()
-            for out in resampler.resample(frame):
-                self.avatar.add_microphone(pcm16_to_float(out.to_ndarray().reshape(-1)), arrived)
+            samples = resampler.push_frame(frame)
+            if samples.size:
+                self.avatar.add_microphone(samples, arrived)
 
     def _stamp(self, rgb: np.ndarray, frame: int) -> np.ndarray:
         """Paint the wall-clock ms at which the audio of ``frame`` arrived (latency tests)."""

@@ -19,7 +19,7 @@ import websockets
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from pipeline.audio.io import float_to_pcm16
+from pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
 from rtc.tracks import read_stamp
 
 
@@ -138,7 +138,7 @@ async def run_call(
             result.audio_times.append(time.monotonic())
             result.audio_pts.append(int(frame.pts))
             result.audio_rate = frame.sample_rate
-            pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+            pcm = pcm16_to_float(frame.to_ndarray())
             result.audio_rms.append(float(np.sqrt(np.mean(pcm**2))))
 
     @pc.on("track")

@@ -35,10 +35,10 @@ from __future__ import annotations
 from typing import Any
 
 from agent.protocol import ProtocolError, decode_message, error
+from agent.text import TextError, check_text
 
 __all__ = ["CLIENT_TYPES", "ProtocolError", "error", "parse_message"]
 
-MAX_TEXT = 2000
 CLIENT_TYPES = ("offer", "candidate", "say", "prompt", "interrupt", "bye", "avatar")
 
 
@@ -51,7 +51,10 @@ def parse_message(raw: str | bytes) -> dict[str, Any]:
     if kind == "offer":
         _require_str(msg, "sdp", 200_000)
     elif kind in ("say", "prompt"):
-        _require_str(msg, "text", MAX_TEXT, allow_empty=kind == "prompt")
+        try:
+            check_text(msg.get("text"), f"{kind}: field 'text'", allow_empty=kind == "prompt")
+        except TextError as err:
+            raise ProtocolError(err.code, str(err)) from None
     elif kind == "candidate":
         cand = msg.get("candidate")
         if cand is not None and not isinstance(cand, str):

@@ -1,4 +1,4 @@
-"""Audio in and out: decode any common file to float32 mono, resample live audio, write WAV.
+"""Audio files in and out: decode any common file to float32 mono, write WAV.
 
 Everything the pipeline consumes is float32 mono in ``[-1, 1]`` at the model's sample rate.
 Decoding goes through PyAV (FFmpeg), so wav, flac, mp3, ogg/opus, m4a/aac and the audio track of
@@ -15,6 +15,8 @@ import av
 import av.error
 import numpy as np
 
+from pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
+from pipeline.audio.resample import StreamResampler, resample
 from pipeline.core.errors import InputError
 
 __all__ = ["load_audio", "resample", "pcm16_to_float", "float_to_pcm16", "write_wav"]
@@ -96,71 +98,22 @@ def _decode_mono(
     # decoded audio itself, not twice it (an hour at 16 kHz is 230 MB of float32).
     buf = np.empty(int(est_seconds * sample_rate * _ESTIMATE_SLACK) + 4096, dtype=np.float32)
     n = 0
-    resampler: av.AudioResampler | None = None
-    setup: tuple[str, str, int] | None = None
+    # Follows format changes mid-stream (chained ogg, HE-AAC switching) and averages channels.
+    resampler = StreamResampler(sample_rate)
 
-    def append(frames: list[av.AudioFrame]) -> None:
+    def append(mono: np.ndarray) -> None:
         nonlocal buf, n
-        for out in frames:
-            planes = out.to_ndarray()  # (channels, samples) planar float
-            mono = planes[0] if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)
-            if n + mono.shape[0] > buf.shape[0]:
-                buf.resize(max(n + mono.shape[0], int(buf.shape[0] * 1.5)), refcheck=False)
-            buf[n : n + mono.shape[0]] = mono
-            n += mono.shape[0]
+        if n + mono.shape[0] > buf.shape[0]:
+            buf.resize(max(n + mono.shape[0], int(buf.shape[0] * 1.5)), refcheck=False)
+        buf[n : n + mono.shape[0]] = mono
+        n += mono.shape[0]
 
     for frame in container.decode(stream):
-        key = (frame.format.name, frame.layout.name, frame.sample_rate)
-        if key != setup:
-            # AudioResampler refuses frames whose format changes mid-stream (chained ogg,
-            # HE-AAC switching); flush the old one and start a matching one.
-            if resampler is not None:
-                append(resampler.resample(None))
-            # Keep the source layout (layout=None) and average below: see load_audio.
-            resampler = av.AudioResampler(format="fltp", layout=None, rate=sample_rate)
-            setup = key
-        frame.pts = None  # timestamps are not needed and gaps in them make swr insert silence
-        append(resampler.resample(frame))
-    if resampler is not None:
-        append(resampler.resample(None))
+        append(resampler.push_frame(frame))
+    append(resampler.flush())
     buf.resize(n, refcheck=False)  # realloc shrink, usually in place
     np.clip(buf, -1.0, 1.0, out=buf)  # lossy decoders overshoot full scale slightly
     return buf
-
-
-def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
-    """Resample one whole float32 mono buffer (FFmpeg swresample, flushed at the end).
-
-    Stateless: resampling a live stream chunk by chunk with this adds small seams at chunk
-    boundaries; resample whole utterances, or run the source at the target rate.
-
-    Returns:
-        ``(round(n * to_rate / from_rate),)`` float32 (within a sample of it).
-    """
-    if from_rate <= 0 or to_rate <= 0:
-        raise ValueError(f"sample rates must be positive, got {from_rate} -> {to_rate}")
-    x = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1)
-    if from_rate == to_rate or x.shape[0] == 0:
-        return x.copy()
-    frame = av.AudioFrame.from_ndarray(x[None, :], format="flt", layout="mono")
-    frame.sample_rate = from_rate
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=to_rate)
-    outs = resampler.resample(frame) + resampler.resample(None)
-    return np.concatenate([o.to_ndarray().reshape(-1) for o in outs]).astype(np.float32)
-
-
-def pcm16_to_float(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
-    """Little-endian signed 16-bit PCM (bytes or int16 array) to float32 in ``[-1, 1)``."""
-    pcm = np.frombuffer(data, dtype="<i2") if not isinstance(data, np.ndarray) else data
-    if pcm.dtype != np.int16:
-        raise ValueError(f"expected int16 PCM, got dtype {pcm.dtype}")
-    return pcm.astype(np.float32) * np.float32(1.0 / 32768.0)
-
-
-def float_to_pcm16(samples: np.ndarray) -> np.ndarray:
-    """Float samples to int16, clipped to full scale and rounded."""
-    x = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0) * 32767.0
-    return np.rint(x).astype(np.int16)
 
 
 def write_wav(path: str | os.PathLike[str], samples: np.ndarray, sample_rate: int) -> None:

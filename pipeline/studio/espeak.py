@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.audio.pcm import pcm16_to_float
 from pipeline.core.errors import ConfigError
 
 ESPEAK_RATE = 22050
@@ -175,7 +176,7 @@ class _Engine:
         end = int(starts[-1]) if len(starts) else len(pcm)
         audio = np.zeros(end, np.float32)
         m = min(end, len(pcm))
-        audio[:m] = pcm[:m].astype(np.float32) / 32768.0
+        audio[:m] = pcm16_to_float(pcm[:m])
         phonemes = [p for _, p in events]
         if phonemes and not phonemes[-1].startswith("_"):
             phonemes.append("_")

@@ -21,6 +21,7 @@ import numpy as np
 import websockets
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
+from pipeline.audio.pcm import pcm16_to_float
 from pipeline.core.graph import default_phases
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.stage import Stage, StageContext
@@ -62,7 +63,7 @@ async def interrupt_case() -> dict:
                 frame = await track.recv()
             except Exception:
                 return
-            pcm = frame.to_ndarray().astype(np.float32) / 32768
+            pcm = pcm16_to_float(frame.to_ndarray())
             rms.append((time.monotonic(), float(np.sqrt(np.mean(pcm**2)))))
 
     tasks = []
