@@ -1,10 +1,19 @@
 """AudioDriver: a session's driving audio, produced on a real-time clock, and its speech segments.
 
 Every block (20 ms) the driver takes speech audio (agent TTS, "say" text) if a segment has some
-queued, else microphone audio that has arrived, else silence, and hands the block to the pipeline
-(which generates the frames for it) and to the playout buffer (which the outputs emit
-``playout_delay`` later). The pipeline therefore always has audio to work on: when nobody speaks
-it gets silence and the avatar idles; it never waits and the video never freezes.
+queued, else microphone audio that has arrived, else silence, and hands the block to the playout
+buffer (which the outputs emit ``playout_delay`` later) and, resampled to the model's rate, to the
+pipeline (which generates the frames for it). The pipeline therefore always has audio to work on:
+when nobody speaks it gets silence and the avatar idles; it never waits and the video never
+freezes.
+
+Two rates, one clock. Speech and microphone audio are queued, played out and counted at the
+output rate (48 kHz in an AvatarSession: full band, what Opus carries); the model reads the same
+blocks at its own rate (16 kHz). A block is 20 ms at both rates, so block ``b`` is output samples
+``[b * out_block, (b + 1) * out_block)`` and model samples ``[b * block, (b + 1) * block)``: the
+sound that plays at a media time is the sound the model made that time's frame from. Positions
+handed in and out (``played``, ``segment_of``, ``arrival_of``, ``interrupt``) count model samples,
+the media clock's unit; segment positions (``PlaybackFinished.position_s``) count output samples.
 
 While speech plays the microphone is ducked (ignored), so the avatar lip-syncs what it says.
 
@@ -27,6 +36,7 @@ import numpy as np
 
 from agent.clock import MediaClock
 from agent.frames import PlaybackEvent, PlaybackFinished, PlaybackStarted
+from pipeline.audio.resample import StreamResampler
 from pipeline.core.errors import BusyError
 
 QUIET_RMS = 0.005  # about -46 dBFS: microphone audio this quiet may be dropped to cut latency
@@ -80,14 +90,19 @@ class AudioDriver:
     """Produces the driving audio in real time. See the module docstring.
 
     Args:
-        push: hands a block of driving audio to the pipeline (must not block).
-        clock: the session's playout clock; started when the first block is produced.
-        sample_rate: the pipeline's rate.
-        block: samples per tick.
+        push: hands a block of driving audio, at ``sample_rate``, to the pipeline (must not
+            block).
+        clock: the session's playout clock (at ``sample_rate``); started when the first block is
+            produced.
+        sample_rate: the pipeline's (model's) rate.
+        block: model samples per tick.
         max_mic_backlog_s: microphone audio older than this is dropped, so a burst of late
             packets cannot add lasting latency.
         playout_s: how much driving audio the playout buffer keeps (more than the delay).
         max_pending_s: speech queued (not yet produced) at most; more raises BusyError.
+        out_rate: the rate speech and microphone audio arrive, are held and are played out at;
+            None: ``sample_rate`` (no resampling). ``block`` must last a whole number of samples
+            at it.
     """
 
     def __init__(
@@ -99,37 +114,50 @@ class AudioDriver:
         max_mic_backlog_s: float = 0.2,
         playout_s: float = 4.0,
         max_pending_s: float = 120.0,
+        out_rate: int | None = None,
     ) -> None:
         self.push = push
         self.clock = clock
         self.rate = sample_rate
         self.block = block
-        self.max_mic = int(max_mic_backlog_s * sample_rate)
-        self.max_pending = int(max_pending_s * sample_rate)
-        self.playout = PlayoutBuffer(int(playout_s * sample_rate))
+        self.out_rate = out_rate = out_rate or sample_rate
+        if (block * out_rate) % sample_rate:
+            raise ValueError(
+                f"a driving block of {block} samples at {sample_rate} Hz is not a whole number of "
+                f"samples at the output rate {out_rate} Hz; choose a block that is"
+            )
+        self.out_block = block * out_rate // sample_rate
+        # The model reads the output blocks at its own rate: one streaming filter, no seams.
+        self._to_model = StreamResampler(sample_rate)
+        self.max_mic = int(max_mic_backlog_s * out_rate)
+        self.max_pending = int(max_pending_s * out_rate)
+        # The driving audio as it is played out, at the output rate.
+        self.playout = PlayoutBuffer(int(playout_s * sample_rate) // block * self.out_block)
         self._mic: deque[tuple[np.ndarray, float]] = deque()  # (samples, arrival time)
         self._mic_len = 0
         self._segments: deque[Segment] = deque()  # queued or producing, in order
         self._open: dict[str, Segment] = {}  # per source (agent, say): the segment it extends
         self._live: dict[int, Segment] = {}  # produced from, not yet finished playing
         self._next_id = 0
-        self.samples = 0  # driving samples produced so far
+        self.samples = 0  # driving samples produced so far (model rate)
         self.emitted_until = 0  # the audio output has emitted every sample before this
         self.started_at: float | None = None
-        ring = self.playout.capacity // block + 1
+        ring = self.playout.capacity // self.out_block + 1
         # Per produced block (a fixed ring, by block index): arrival time of its audio (latency
-        # stamps), and which segment it carries and how far into it it reaches (-1: none).
+        # stamps), and which segment it carries and how far into it it reaches (output samples;
+        # -1: none).
         self._arrivals = np.zeros(ring, dtype=np.float64)
         self._blk_seg = np.full(ring, -1, dtype=np.int64)
         self._blk_pos = np.zeros(ring, dtype=np.int64)
         self._blk_last = np.zeros(ring, dtype=bool)
-        self.mic_dropped_samples = 0
+        self.mic_dropped_samples = 0  # these three count output samples
         self.mic_trimmed_samples = 0
         self.speech_dropped_samples = 0
 
     # -- inputs (event loop) ----------------------------------------------------------------------
 
     def add_mic(self, samples: np.ndarray, arrived_at: float | None = None) -> None:
+        """Microphone audio, float32 mono at the output rate."""
         at = self.clock.clock.now() if arrived_at is None else arrived_at
         self._mic.append((samples.astype(np.float32, copy=False), at))
         self._mic_len += samples.shape[0]
@@ -140,20 +168,27 @@ class AudioDriver:
 
     @property
     def mic_backlog_samples(self) -> int:
-        """Microphone samples that arrived and wait for their block (latency the user feels)."""
+        """Microphone samples (output rate) that arrived and wait for their block (latency the
+        user feels)."""
         return self._mic_len
 
     @property
     def pending_samples(self) -> int:
-        """Speech samples queued and not yet produced."""
+        """Speech samples (output rate) queued and not yet produced."""
         return sum(s.queued for s in self._segments)
 
     @property
     def tts_pending_s(self) -> float:
-        return self.pending_samples / self.rate
+        return self.pending_samples / self.out_rate
+
+    def queued_samples(self, source: str = "") -> int:
+        """Samples of ``source``'s open segment not yet produced (0: none, or no open segment)."""
+        seg = self._open.get(source)
+        return 0 if seg is None else seg.queued
 
     def push_speech(self, samples: np.ndarray, label: str | None = None, source: str = "") -> int:
-        """Append speech to ``source``'s open segment (opening one if needed). Returns its id.
+        """Append speech (float32 mono at the output rate) to ``source``'s open segment (opening
+        one if needed). Returns its id.
 
         Each source (an agent connection, the built-in TTS) has its own open segment, so two
         sources never interleave within one segment; segments play in the order they opened.
@@ -164,7 +199,7 @@ class AudioDriver:
         if self.pending_samples + samples.shape[0] > self.max_pending:
             self.speech_dropped_samples += samples.shape[0]
             raise BusyError(
-                f"speech queue full ({self.max_pending / self.rate:.0f} s of audio not yet "
+                f"speech queue full ({self.max_pending / self.out_rate:.0f} s of audio not yet "
                 "played): send audio at most this far ahead of playback, or interrupt"
             )
         seg = self._open.get(source)
@@ -199,7 +234,7 @@ class AudioDriver:
             self._blk_last[seg.last_block % ring] = True
             return []
         self._live.pop(seg.id, None)
-        return [PlaybackFinished(seg.id, seg.played / self.rate, False, seg.label)]
+        return [PlaybackFinished(seg.id, seg.played / self.out_rate, False, seg.label)]
 
     def interrupt(self, played_until: int) -> list[PlaybackEvent]:
         """Drop every segment's unplayed audio. Returns their ``PlaybackFinished`` events.
@@ -211,16 +246,17 @@ class AudioDriver:
         events: list[PlaybackEvent] = []
         affected = list(self._live.values()) + [s for s in self._segments if s.id not in self._live]
         for seg in sorted(affected, key=lambda s: s.id):
-            events.append(PlaybackFinished(seg.id, seg.played / self.rate, True, seg.label))
+            events.append(PlaybackFinished(seg.id, seg.played / self.out_rate, True, seg.label))
         self._segments.clear()
         self._live.clear()
         self._open.clear()
         if affected:
             # Blocks at or after played_until no longer belong to any segment: they are silence.
-            first = max(played_until, self.samples - self.playout.capacity, 0) // self.block
+            ring = self._blk_seg.shape[0]
+            first = max(played_until // self.block, self.samples // self.block - ring + 1, 0)
             for b in range(first, self.samples // self.block + 1):
-                self._blk_seg[b % self._blk_seg.shape[0]] = -1
-            self.playout.silence_from(played_until)
+                self._blk_seg[b % ring] = -1
+            self.playout.silence_from(self.out_index(played_until))
         return events
 
     # -- outputs ----------------------------------------------------------------------------------
@@ -242,8 +278,15 @@ class AudioDriver:
             seg.played = int(self._blk_pos[b % ring])
             if self._blk_last[b % ring]:
                 del self._live[seg.id]
-                events.append(PlaybackFinished(seg.id, seg.played / self.rate, False, seg.label))
+                events.append(
+                    PlaybackFinished(seg.id, seg.played / self.out_rate, False, seg.label)
+                )
         return events
+
+    def out_index(self, sample: int) -> int:
+        """The output sample at the media time of model ``sample``."""
+        b, r = divmod(sample, self.block)
+        return b * self.out_block + r * self.out_rate // self.rate
 
     def segment_of(self, sample: int) -> int | None:
         """The segment whose audio is at driving ``sample`` (None: silence or microphone)."""
@@ -255,7 +298,12 @@ class AudioDriver:
 
     def arrival_of(self, sample: int) -> float | None:
         """When the audio at driving ``sample`` arrived (mic) or was produced (silence, TTS)."""
-        if sample < 0 or sample >= self.samples or sample < self.samples - self.playout.capacity:
+        held = self._arrivals.shape[0] - 1
+        if (
+            sample < 0
+            or sample >= self.samples
+            or sample // self.block < self.samples // self.block - held
+        ):
             return None
         return float(self._arrivals[(sample // self.block) % self._arrivals.shape[0]])
 
@@ -275,7 +323,7 @@ class AudioDriver:
         return made
 
     def _produce_block(self, now: float) -> None:
-        n, b = self.block, self.samples // self.block
+        n, b = self.out_block, self.samples // self.block
         ring = self._blk_seg.shape[0]
         speech, seg, last = self._take_speech(n)
         mic, arrived = self._take_mic(n)
@@ -290,8 +338,10 @@ class AudioDriver:
             self._blk_seg[b % ring] = -1
         self._arrivals[b % ring] = arrived or now
         self.playout.append(block)
-        self.samples += n
-        self.push(block)
+        self.samples += self.block
+        model = self._to_model.push(block, self.out_rate)  # swr holds back a few samples at most
+        if model.size:
+            self.push(model)
 
     def _take_speech(self, n: int) -> tuple[np.ndarray | None, Segment | None, bool]:
         """Up to ``n`` samples of the head segment; (block, segment, is its last block)."""

@@ -34,7 +34,7 @@ class AudioFrame:
         sample_rate: Hz, one of ``SUPPORTED_RATES``.
         num_channels: 1 or 2.
         pts: output only: the first sample's index on the session's media clock (at the
-            session's rate); None on input.
+            session's output rate, ``sample_rate``); None on input.
         segment_id: output only: the speech segment this audio belongs to (None for idle
             silence or microphone audio).
     """
@@ -94,8 +94,8 @@ class VideoFrame:
         rgb: (H, W, 3) uint8.
         index: the frame number on the session's timeline (frame ``j`` shows the audio samples
             ``[pts, pts of j + 1)``).
-        pts: the first sample of the frame's audio interval, at the session's rate.
-        sample_rate: the rate ``pts`` counts in.
+        pts: the first sample of the frame's audio interval, at the session's output rate.
+        sample_rate: the rate ``pts`` counts in (the session's output rate, as for audio).
         held: True when this is a repeat of the previous frame (the frame for ``index`` was not
             ready in time, or was made from audio that was interrupted before it played).
     """

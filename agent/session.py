@@ -1,10 +1,10 @@
 """AvatarSession: the avatar as voice-agent frameworks expect it, in-process, no WebRTC needed.
 
     push_audio(AudioFrame) / end_of_segment() / clear_buffer()      (agent TTS in, any rate)
-        -> resample to the pipeline rate -> AudioDriver (real-time blocks, segments, microphone)
-        -> pipeline Session.push_audio -> generation thread (Session.run_live)
-        -> FrameQueueSink (bounded, drops the oldest)  -> next_video()  (paced by the MediaClock)
-        -> PlayoutBuffer (the same driving audio)       -> next_audio()  (same clock)
+        -> resample to OUTPUT_RATE (48 kHz) -> AudioDriver (real-time blocks, segments, mic)
+        -> PlayoutBuffer (the driving audio, full band)  -> next_audio()  (48 kHz, MediaClock)
+        -> resampled to the model's rate -> pipeline Session.push_audio -> generation thread
+        -> FrameQueueSink (bounded, drops the oldest)  -> next_video()  (same clock)
     playback events (started, finished with position) come from next_audio(): "played" means
     emitted by the audio output, never merely queued.
 
@@ -16,6 +16,13 @@ Interrupting (``clear_buffer``) drops every unplayed sample of every queued segm
 driving audio from the next sample the audio output will emit, and withholds the frames that were
 already generated from the dropped audio: the video holds its last frame until frames made from
 the silence that replaced it arrive (at most the playout delay).
+
+Full-band audio: the output runs at ``OUTPUT_RATE`` (48 kHz) whatever the sources' rates, so a
+24 kHz agent voice or espeak's 22 kHz keeps its whole band (the model only needs 16 kHz: it reads
+the same blocks resampled once more). Each source is resampled once to 48 kHz; 48 kHz sources (the
+browser's Opus microphone) pass through untouched. Every ``pts`` this class emits counts samples at
+``sample_rate`` (48 kHz), for audio and video alike. Mirrors (a KVS copy) get the same full-band
+audio (``pipeline/outputs/fullband.py``).
 """
 
 from __future__ import annotations
@@ -38,12 +45,16 @@ from pipeline.audio.resample import StreamResampler
 from pipeline.core.errors import BusyError, SessionClosedError
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.session import Session
+from pipeline.outputs.fullband import FullBandSink
 from pipeline.outputs.queue import FrameQueueSink, LiveFrame
 from pipeline.outputs.sink import Sink
 
 log = logging.getLogger("talkloop.agent")
 
 BLOCK_S = 0.02  # driver tick and audio output frame: 20 ms, what WebRTC and Opus use
+# The rate of the audio an avatar emits: Opus's own rate, and at least every supported source's,
+# so no voice loses band on its way out (docs/architecture.md, "Live calls").
+OUTPUT_RATE = 48000
 MAX_CUTS = 64  # interrupts remembered for withholding frames (older frames are long gone)
 # Lines of built-in TTS waiting behind the one being spoken; one more is refused with BusyError.
 # A session speaks one line at a time anyway; a deeper queue only lets one client hold espeak.
@@ -120,15 +131,16 @@ class AvatarSession:
         self.pipeline = pipeline
         self.name = name
         info = self.info = pipeline.info
-        self.sample_rate = info.sample_rate
+        self.model_rate = info.sample_rate  # what the pipeline reads (16 kHz)
+        self.sample_rate = OUTPUT_RATE  # what this session emits, and the unit of every pts
         self.frames = FrameQueueSink(
             max(1, int(config.queue_seconds * info.fps)), policy="drop_oldest"
         )
         # Mirrors (a KVS copy) get every published segment too; they never block (their contract).
         self.mirrors = list(mirrors)
-        self.session: Session = pipeline.open_session(
-            reference, prompt, [self.frames, *self.mirrors]
-        )
+        # ...with the full-band audio of the frames they get, not the model's 16 kHz.
+        full_band = [FullBandSink(m, OUTPUT_RATE, self._read_output) for m in self.mirrors]
+        self.session: Session = pipeline.open_session(reference, prompt, [self.frames, *full_band])
         self.clock: Clock = clock or RealClock()
         self.playout_s = (
             default_playout_s(pipeline)
@@ -145,7 +157,9 @@ class AvatarSession:
             max_mic_backlog_s=config.max_mic_backlog_ms / 1000,
             playout_s=max(4.0, 4 * self.playout_s),
             max_pending_s=config.max_pending_speech_s,
+            out_rate=OUTPUT_RATE,
         )
+        self._mic = StreamResampler(OUTPUT_RATE)
         self.listeners: list[Callable[[PlaybackEvent], None]] = []
         # Called once, on the event loop, if generation fails (the session is then dead: its
         # video would hold the last frame forever). Not called for a close.
@@ -223,7 +237,7 @@ class AvatarSession:
         frame.check()
         res = self._resamplers.get(source)
         if res is None:
-            res = self._resamplers[source] = StreamResampler(self.sample_rate)
+            res = self._resamplers[source] = StreamResampler(OUTPUT_RATE)
         mono = res.push(frame.to_mono_float(), frame.sample_rate)
         return self.driver.push_speech(mono, label, source)
 
@@ -231,8 +245,11 @@ class AvatarSession:
         """The current segment of ``source`` is complete; it finishes when it has played."""
         res = self._resamplers.pop(source, None)
         if res is not None:
-            tail = res.flush()
-            if tail.size:
+            tail = res.flush()  # the filter's last millisecond (48 samples from 16 kHz)
+            # Only while the segment still has audio waiting: one that has all been produced
+            # (its end came late) would otherwise play that millisecond as a blip after the
+            # silence that followed it, and finish a playout delay later than it should.
+            if tail.size and self.driver.queued_samples(source):
                 with contextlib.suppress(BusyError):
                     self.driver.push_speech(tail, None, source)
         self._dispatch(self.driver.end_segment(source))
@@ -304,9 +321,13 @@ class AvatarSession:
         task.add_done_callback(self._say_tasks.discard)
         return task
 
-    def add_microphone(self, samples: np.ndarray, arrived_at: float | None = None) -> None:
-        """Microphone audio (float32 mono at the session rate); ducked while speech plays."""
-        self.driver.add_mic(samples, arrived_at)
+    def add_microphone(
+        self, samples: np.ndarray, arrived_at: float | None = None, sample_rate: int = OUTPUT_RATE
+    ) -> None:
+        """Microphone audio (float32 mono at ``sample_rate``); ducked while speech plays."""
+        mono = self._mic.push(samples, sample_rate)
+        if mono.size:
+            self.driver.add_mic(mono, arrived_at)
 
     def set_prompt(self, text: str) -> None:
         """New style prompt, from the next chunk on."""
@@ -326,7 +347,7 @@ class AvatarSession:
     # -- output ------------------------------------------------------------------------------------
 
     async def next_audio(self) -> AudioFrame:
-        """The next 20 ms of output audio, returned at its play-out time.
+        """The next 20 ms of output audio (at ``sample_rate``), returned at its play-out time.
 
         Raises:
             SessionClosedError: the session was closed.
@@ -339,11 +360,12 @@ class AvatarSession:
             raise SessionClosedError("the avatar session is closed")
         self.audio_lateness.add(self.clock.now() - due)
         # Read after the sleep: an interrupt during it has silenced these samples already.
-        samples = self.driver.playout.read(n, self.block)
+        out = self.driver.out_index(n)
+        samples = self.driver.playout.read(out, self.driver.out_block)
         segment = self.driver.segment_of(n)
         self._audio_next = n + self.block
         events = self.driver.played(n, self.block)
-        frame = AudioFrame.from_float(samples, self.sample_rate, pts=n, segment_id=segment)
+        frame = AudioFrame.from_float(samples, self.sample_rate, pts=out, segment_id=segment)
         self._dispatch(events)
         return frame
 
@@ -375,7 +397,8 @@ class AvatarSession:
             self._last_rgb = live.rgb
         self._video_next = j + 1
         self.frames_sent += 1
-        return VideoFrame(self._last_rgb, j, pts, self.sample_rate, held=live is None)
+        out = self.driver.out_index(pts)
+        return VideoFrame(self._last_rgb, j, out, self.sample_rate, held=live is None)
 
     async def stream(self) -> AsyncIterator[VideoFrame | AudioFrame | PlaybackEvent]:
         """Video frames, audio frames and playback events, in media order, paced in real time.
@@ -414,7 +437,7 @@ class AvatarSession:
         (catching up a whole chunk of lag) is better. ``max_lag_ms`` caps the bound.
         """
         took = self.session.stats.chunk_seconds or 0.0
-        lookahead = self.pipeline.lookahead_samples / self.sample_rate
+        lookahead = self.pipeline.lookahead_samples / self.model_rate
         budget = self.playout_s - lookahead - took - 1 / self.info.fps
         return min(self.config.max_lag_ms / 1000, max(BLOCK_S, budget))
 
@@ -435,9 +458,9 @@ class AvatarSession:
             "av_offset_ms": av_offset_ms(self.video_lateness, self.audio_lateness),
             "queue_depth": self.frames.depth,
             "speech_pending_s": round(self.pending_s, 2),
-            "mic_dropped_ms": round(1000 * self.driver.mic_dropped_samples / self.sample_rate),
-            "mic_backlog_ms": round(1000 * self.driver.mic_backlog_samples / self.sample_rate),
-            "mic_trimmed_ms": round(1000 * self.driver.mic_trimmed_samples / self.sample_rate),
+            "mic_dropped_ms": round(1000 * self.driver.mic_dropped_samples / OUTPUT_RATE),
+            "mic_backlog_ms": round(1000 * self.driver.mic_backlog_samples / OUTPUT_RATE),
+            "mic_trimmed_ms": round(1000 * self.driver.mic_trimmed_samples / OUTPUT_RATE),
             "error": None if self.error is None else str(self.error),
             "mirrors": [m.status.line() for m in self.mirrors if hasattr(m, "status")],
         }
@@ -492,6 +515,15 @@ class AvatarSession:
             self.driver.produce_due(self.clock.now())
             k += 1
             await self.clock.sleep_until(start + k * BLOCK_S)
+
+    def _read_output(self, start: int, count: int) -> np.ndarray:
+        """Output samples ``[start, start + count)`` as played out (mirrors; generation thread).
+
+        The mirrors ask for audio the generation loop has just published, which the driver put
+        in the playout buffer before the pipeline could read it, and which the buffer holds for
+        seconds more (a published chunk is at most ``max_lag_ms`` behind): no lock is needed.
+        """
+        return self.driver.playout.read(start, count)
 
     def _push(self, block: np.ndarray) -> None:
         try:

@@ -1,6 +1,6 @@
 """Call: one browser call over WebRTC: its peer, its avatar (an AvatarSession) and its mirrors.
 
-    microphone (aiortc) -> resample to the pipeline rate -> AvatarSession.add_microphone
+    microphone (aiortc, 48 kHz Opus) -> mono, full band   -> AvatarSession.add_microphone
     "say" text / agent speech                            -> AvatarSession (segments)
     AvatarSession.next_video() -> AvatarVideoTrack ;  AvatarSession.next_audio() -> AvatarAudioTrack
 
@@ -127,7 +127,9 @@ class Call:
     # -- internals ---------------------------------------------------------------------------------
 
     async def _read_microphone(self, track: Any) -> None:
-        resampler = StreamResampler(self.pipeline.info.sample_rate)
+        # Opus decodes at 48 kHz, the avatar's output rate: the microphone passes through at
+        # full band (channels averaged); the driver resamples it for the model.
+        resampler = StreamResampler(self.avatar.sample_rate)
         while not self.avatar.closed:
             try:
                 frame = await track.recv()

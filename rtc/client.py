@@ -76,6 +76,7 @@ class CallResult:
     audio_rate: int = 48000
     codec: str = ""
     frames: list[np.ndarray] = field(default_factory=list)  # a few sample frames
+    audio: list[np.ndarray] = field(default_factory=list)  # decoded mono float (keep_audio)
 
     def summary(self) -> dict:
         n = len(self.video_times)
@@ -98,10 +99,12 @@ async def run_call(
     keep_frames: int = 0,
     read_stamps: bool = False,
     configuration: RTCConfiguration | None = None,
+    keep_audio: bool = False,
 ) -> CallResult:
     """Open a session at ``url`` (ws://host:port/ws), call for ``seconds``, hang up.
 
     ``configuration``: this peer's ICE servers and transport policy (None: aiortc's default).
+    ``keep_audio``: keep the decoded audio (``CallResult.audio``, mono float at ``audio_rate``).
     """
     result = CallResult()
     pc = RTCPeerConnection(configuration)
@@ -140,6 +143,9 @@ async def run_call(
             result.audio_rate = frame.sample_rate
             pcm = pcm16_to_float(frame.to_ndarray())
             result.audio_rms.append(float(np.sqrt(np.mean(pcm**2))))
+            if keep_audio:  # s16 packed: (1, samples * channels), channels interleaved
+                channels = len(frame.layout.channels)
+                result.audio.append(pcm.reshape(-1, channels).mean(axis=1, dtype=np.float32))
 
     @pc.on("track")
     def on_track(track) -> None:
@@ -208,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     url, seconds, out = (argv or sys.argv[1:])[:3]
     mic = np.concatenate(list(looped_speech(16000, float(seconds) + 5)))
     r = asyncio.run(run_call(url, float(seconds), mic=mic, read_stamps=True))
-    data = {k: v for k, v in r.__dict__.items() if k != "frames"}
+    data = {k: v for k, v in r.__dict__.items() if k not in ("frames", "audio")}
     with open(out, "w") as f:
         json.dump(data, f)
     return 0

@@ -464,6 +464,7 @@ class AvatarServer:
                         "type": "agent",
                         "token": slot.call.token,
                         "sample_rate": info.sample_rate,
+                        "output_sample_rate": slot.call.avatar.sample_rate,
                         "video": {"width": info.width, "height": info.height, "fps": info.fps},
                     }
                 )

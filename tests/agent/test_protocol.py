@@ -119,6 +119,7 @@ def test_agent_protocol_events_and_bad_input(live_pipeline) -> None:
     )
     assert not_agent["code"] == "not_supported"
     assert hello["type"] == "agent" and hello["sample_rate"] == 16000
+    assert hello["output_sample_rate"] == 48000  # the avatar's audio leaves at full band
     assert second["code"] == "bad_state"
     assert [e["code"] for e in errors] == [
         "no_audio_format",

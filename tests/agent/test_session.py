@@ -17,6 +17,7 @@ from agent.frames import (
     VideoFrame,
 )
 from agent.session import AvatarConfig, AvatarSession
+from pipeline.audio.resample import resample
 from pipeline.core.errors import BusyError
 
 from support import advance, make_reference
@@ -24,6 +25,7 @@ from support import advance, make_reference
 pytestmark = pytest.mark.unit
 
 RATE = 16000
+OUT = 48000  # the rate an avatar emits
 
 
 def speech_like(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
@@ -56,8 +58,9 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 240))
 
 
-def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeline) -> None:
-    speech = speech_like(1.5, RATE)
+@pytest.mark.parametrize("rate", [16000, 24000, 48000])
+def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeline, rate) -> None:
+    speech = speech_like(1.5, rate)
 
     async def body():
         avatar, clock = open_session(live_pipeline)
@@ -65,8 +68,9 @@ def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeli
         out: list = []
         consumer = asyncio.create_task(collect(avatar, clock, out))
         # the whole utterance at once, in 20 ms frames (as a TTS faster than real time does)
-        for i in range(0, speech.shape[0], 320):
-            avatar.push_audio(pcm(speech[i : i + 320], RATE))
+        step = rate // 50
+        for i in range(0, speech.shape[0], step):
+            avatar.push_audio(pcm(speech[i : i + step], rate))
         avatar.end_of_segment()
         pushed_at = clock.now()
         await advance(avatar, clock, 2.6)
@@ -79,24 +83,29 @@ def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeli
     audio = [(t, f) for t, f in out if isinstance(f, AudioFrame)]
     video = [(t, f) for t, f in out if isinstance(f, VideoFrame)]
     events = [f for _, f in out if isinstance(f, PlaybackStarted | PlaybackFinished)]
+    # one clock, one rate: audio and video pts both count output samples (48 kHz)
+    assert avatar.sample_rate == OUT and all(f.sample_rate == OUT for _, f in audio + video)
     # paced: every frame leaves at its media time (within one clock step), never early
     for t, f in audio + video:
-        due = t0 + f.pts / RATE
+        due = t0 + f.pts / OUT
         assert due <= t + 1e-9 < due + 0.01 + 1e-9
     assert [f.index for _, f in video] == list(range(len(video)))
-    assert [f.pts for _, f in audio] == [320 * k for k in range(len(audio))]
+    assert [f.pts for _, f in video] == [OUT // 25 * f.index for _, f in video]
+    assert [f.pts for _, f in audio] == [960 * k for k in range(len(audio))]
     assert not any(f.held for _, f in video)  # generation kept up: no repeated frames
-    # the same audio comes back: the segment's samples, in order, starting at playout
+    # the same audio comes back at full band: the segment's samples, in order, from playout;
+    # at 48 kHz untouched, from other rates resampled once
     seg = [f for _, f in audio if f.segment_id == 0]
     played = np.concatenate([np.frombuffer(f.data, "<i2") for f in seg]).astype(np.float32)
-    sent = np.rint(speech * 32767)
-    assert played.shape[0] == 320 * -(-speech.shape[0] // 320)  # last block padded with silence
-    assert np.abs(played[: sent.shape[0]] - sent).max() <= 1  # PCM16 round trip, 1 LSB
-    assert seg[0].pts == 320  # start() made block 0 (silence); the speech follows it
+    sent = np.rint(np.clip(resample(speech, rate, OUT), -1, 1) * 32767)
+    assert played.shape[0] == 960 * -(-sent.shape[0] // 960)  # last block padded with silence
+    worst = np.abs(played[: sent.shape[0]] - sent).max()
+    assert worst <= (1 if rate == OUT else 4)  # PCM16 round trip (+ streaming vs whole filter)
+    assert seg[0].pts == 960  # start() made block 0 (silence); the speech follows it
     # events: started right after the first segment frame, finished at the full length
     assert [type(e) for e in events] == [PlaybackStarted, PlaybackFinished]
     assert events[1].segment_id == 0 and not events[1].interrupted
-    assert events[1].position_ms == int(1000 * speech.shape[0] / RATE)
+    assert events[1].position_ms == int(1000 * sent.shape[0] / OUT)
     kinds = [type(f) for _, f in out]
     in_seg = [i for i, (_, f) in enumerate(out) if isinstance(f, AudioFrame) and f.segment_id == 0]
     first_seg, last_seg = in_seg[0], in_seg[-1]
@@ -120,7 +129,7 @@ def test_interrupt_reports_the_played_position_and_emits_nothing_of_the_segment(
         avatar.push_audio(pcm(speech, 24000), label="item_1")
         await advance(avatar, clock, 1.3)
         generated = avatar.session.state.frames_published
-        cut = avatar._audio_next
+        cut = avatar.driver.out_index(avatar._audio_next)  # at the output rate
         n_before = len(out)
         finished = avatar.clear_buffer()
         await advance(avatar, clock, 1.2)
@@ -135,7 +144,7 @@ def test_interrupt_reports_the_played_position_and_emits_nothing_of_the_segment(
     )
     assert len(finished) == 1 and finished[0].interrupted and finished[0].label == "item_1"
     # the position is what the audio output emitted, to the sample (so to the millisecond)
-    assert finished[0].position_s == emitted / RATE
+    assert finished[0].position_s == emitted / OUT
     assert 0.8 < finished[0].position_s < 1.0  # 1.3 s in, minus the 0.4 s playout delay
     assert any(isinstance(f, PlaybackFinished) and f.interrupted for _, f in after)
     # afterwards: no sample of the segment, only silence, and no frame made from its audio
@@ -171,7 +180,9 @@ def test_segment_end_after_the_audio_played_still_finishes(live_pipeline) -> Non
 
     events = [f for _, f in run(body()) if isinstance(f, PlaybackStarted | PlaybackFinished)]
     assert [type(e) for e in events] == [PlaybackStarted, PlaybackFinished]
-    assert events[1].position_ms == 500 and not events[1].interrupted
+    # every sample that played: all but the resampler's last millisecond (16 -> 48 kHz), which
+    # arrived with the late end, after the segment had finished producing
+    assert 499 <= events[1].position_ms <= 500 and not events[1].interrupted
 
 
 def test_bad_audio_is_rejected_with_clear_errors_and_backpressure(live_pipeline) -> None:
@@ -207,7 +218,7 @@ def test_bad_audio_is_rejected_with_clear_errors_and_backpressure(live_pipeline)
     assert "whole number" in errors["odd"] and "sample_rate 44" in errors["rate"]
     assert "mono (1) or stereo (2)" in errors["channels"]
     assert "whole number" in errors["stereo_odd"]
-    assert queued == pytest.approx(0.8, abs=0.01)  # 48 kHz stereo became 0.8 s at 16 kHz
+    assert queued == pytest.approx(0.8, abs=0.01)  # 48 kHz stereo became 0.8 s of mono
     assert still == queued  # the refused frame added nothing
     assert not done_early  # wait_for_room waited for playback to make room
 
