@@ -58,24 +58,44 @@ async def serve_forever(
     offer_timeout_s: float = OFFER_TIMEOUT_S,
     notes: list[str] | None = None,
     ice: IceConfig | None = None,
+    cluster: str | None = None,
 ) -> None:
-    pipeline = await asyncio.to_thread(Pipeline.from_config, config)
-    # Load the text encoder now (seconds), not when the first prompt arrives mid-call.
-    text = pipeline.modules.get("text_encoder")
-    if text is not None and hasattr(text.net, "load"):
-        await asyncio.to_thread(text.net.load)
-    server = AvatarServer(
-        pipeline,
-        reference,
-        prompt,
-        call_config,
-        max_sessions,
-        notice,
-        mirror_factory=mirror_factory,
-        access=access,
-        offer_timeout_s=offer_timeout_s,
-        ice=ice,
-    )
+    if cluster is not None:  # calls run on Ray actors across the cluster (rtc/cluster.py)
+        from rtc.cluster import cluster_server
+
+        server, where = await asyncio.to_thread(
+            cluster_server,
+            cluster,
+            config,
+            reference,
+            prompt,
+            max_sessions,
+            call_config,
+            notice,
+            mirror_factory,
+            access,
+            offer_timeout_s,
+            ice,
+        )
+        notes = [*(notes or []), where]
+    else:
+        pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+        # Load the text encoder now (seconds), not when the first prompt arrives mid-call.
+        text = pipeline.modules.get("text_encoder")
+        if text is not None and hasattr(text.net, "load"):
+            await asyncio.to_thread(text.net.load)
+        server = AvatarServer(
+            pipeline,
+            reference,
+            prompt,
+            call_config,
+            max_sessions,
+            notice,
+            mirror_factory=mirror_factory,
+            access=access,
+            offer_timeout_s=offer_timeout_s,
+            ice=ice,
+        )
     try:
         bound = await server.start(host, port, ssl_context=ssl_context)
     except OSError as err:  # port in use, address not on this machine, no permission

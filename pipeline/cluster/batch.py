@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -133,7 +134,7 @@ def run_batch(
     *,
     memory_mb: int = TASK_MEMORY_MB,
     progress: bool = True,
-    report: Callable[[str], None] = print,
+    report: Callable[[str], None] | None = None,
 ) -> BatchSummary:
     """Render ``rows`` into ``folder`` as Ray tasks on the cluster this process joined.
 
@@ -144,7 +145,8 @@ def run_batch(
             batch's own).
         memory_mb: memory each task reserves on its node.
         progress: one progress bar over the rows.
-        report: where failed rows are told as they fail (one line each).
+        report: where failed rows are told as they fail, one line each (default: stderr,
+            above the progress bar).
 
     Returns:
         Every row's result, in manifest order.
@@ -195,9 +197,11 @@ def run_batch(
                     )
                 results[row.number] = res
                 if res.status == "failed":
-                    (tqdm.write if progress else report)(
-                        f"talkloop: row {row.number} ({row.audio.name}) failed: {res.error}"
-                    )
+                    line = f"talkloop: row {row.number} ({row.audio.name}) failed: {res.error}"
+                    if report is not None:
+                        report(line)
+                    else:
+                        tqdm.write(line, file=sys.stderr)
                 bar.update(1)
                 c = {s: sum(r.status == s for r in results.values()) for s in ("ok", "failed")}
                 bar.set_postfix(ok=c["ok"], failed=c["failed"])

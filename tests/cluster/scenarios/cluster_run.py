@@ -1,0 +1,304 @@
+"""A local Ray cluster (a head without slots, two worker nodes of one slot and one CPU each) on
+loopback addresses; runs inside a private network namespace (tests/cluster/cluster_netns.py).
+
+1. batch: `talkloop render-batch` of 6 rows (one unreadable audio file) on the cluster, then the
+   same command again (resume).
+2. calls: two scripted aiortc pages call a ClusterServer front; a third page gets busy; an agent
+   joins each call, the one on the second node speaks; the first call's node is killed.
+
+Prints RESULT with what the pages, agents and batch runs saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+import websockets
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from pipeline.assets import HELLO_WAV  # noqa: E402
+from pipeline.audio.io import load_audio  # noqa: E402
+from pipeline.cluster.connect import SLOT  # noqa: E402
+from pipeline.core.config import build_config  # noqa: E402
+from rtc.app import live_config_dict  # noqa: E402
+from rtc.call import CallConfig  # noqa: E402
+from rtc.call_host import HostSpec  # noqa: E402
+from rtc.client import WavMicrophone  # noqa: E402
+from rtc.cluster import ClusterServer  # noqa: E402
+from rtc.ice import IceConfig  # noqa: E402
+
+from support import make_reference, tiny_config  # noqa: E402
+
+HOST = "127.0.0.2"  # the pages and the front; Ray's own traffic stays on 127.0.0.1
+NODE = {
+    "node_ip_address": "127.0.0.1",
+    "object_store_memory": 80 * 1024 * 1024,
+}
+SIZE = 64
+TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", str(SIZE)]
+TINY += ["--steps", "2", "--memory-mb", "300", "--quiet"]
+
+
+def note(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
+def emit(result: dict) -> None:
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def write_wav(path: Path, x: np.ndarray, rate: int = 16000) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(x, -1, 1) * 32767).astype("<i2").tobytes())
+
+
+# -- 1. batch --------------------------------------------------------------------------------------
+
+
+def batch(folder: Path, address: str, speech: np.ndarray) -> dict:
+    rows = ["audio,out"]
+    for i in range(5):
+        write_wav(folder / f"clip{i}.wav", speech[: 16000 * 2 + 1600 * i])
+        rows.append(f"clip{i}.wav,")
+    (folder / "broken.wav").write_text("not audio at all")
+    rows.insert(3, "broken.wav,broken")
+    manifest = folder / "batch.csv"
+    manifest.write_text("\n".join(rows) + "\n")
+    out = folder / "out"
+    cmd = [sys.executable, "-m", "pipeline.cli", "render-batch", str(manifest), "--out", str(out)]
+    cmd += ["--cluster", address, *TINY]
+    runs = []
+    for _ in range(2):
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=180)
+        summary = json.loads((out / "summary.json").read_text())
+        note(f"batch run: rc {proc.returncode} in {time.monotonic() - t0:.1f} s")
+        runs.append(
+            {
+                "rc": proc.returncode,
+                "stdout": proc.stdout[-1500:],
+                "stderr": proc.stderr[-1500:],
+                "summary": summary,
+                "mp4s": sorted(p.name for p in out.glob("*.mp4")),
+                "wall_s": time.monotonic() - t0,
+            }
+        )
+    return {"runs": runs}
+
+
+# -- 2. calls ----------------------------------------------------------------------------------------
+
+
+async def page_call(url: str, hangup: asyncio.Event, mic: np.ndarray, log: dict) -> None:
+    """A scripted page: offer, receive video and audio, record messages with arrival times,
+    hang up when ``hangup`` is set. Unlike rtc.client.run_call it keeps what it saw when the
+    server ends the call first."""
+    log.update(video=[], audio=[], audio_pts=[], audio_rms=[], video_pts=[], msgs=[], session={})
+    pc = RTCPeerConnection()
+    pc.addTrack(WavMicrophone(mic, 16000))
+    pc.addTransceiver("video", direction="recvonly")
+    tasks = []
+
+    async def read(track) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            now = time.monotonic()
+            if track.kind == "video":
+                log["video"].append(now)
+                log["video_pts"].append(int(frame.pts))
+            else:
+                log["audio"].append(now)
+                log["audio_pts"].append(int(frame.pts))
+                log["audio_rate"] = frame.sample_rate
+                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+                log["audio_rms"].append(float(np.sqrt(np.mean(pcm**2))))
+
+    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(read(track))))
+    try:
+        async with websockets.connect(url, max_size=2**20) as ws:
+            log["connect_at"] = time.monotonic()
+            first = json.loads(await ws.recv())
+            log["msgs"].append([time.monotonic(), first])
+            if first.get("type") != "session":
+                return
+            log["session"] = first
+            await pc.setLocalDescription(await pc.createOffer())
+            log["offer_at"] = time.monotonic()
+            await ws.send(json.dumps({"type": "offer", "sdp": pc.localDescription.sdp}))
+
+            async def receive() -> None:
+                async for raw in ws:
+                    msg = json.loads(raw)
+                    log["msgs"].append([time.monotonic(), msg])
+                    if msg["type"] == "answer":
+                        await pc.setRemoteDescription(RTCSessionDescription(msg["sdp"], "answer"))
+
+            receiver = asyncio.ensure_future(receive())
+            stop = asyncio.ensure_future(hangup.wait())
+            await asyncio.wait([receiver, stop], return_when=asyncio.FIRST_COMPLETED)
+            log["ended_by"] = "page" if stop.done() else "server"
+            stop.cancel()
+            receiver.cancel()
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await ws.send(json.dumps({"type": "bye"}))
+    finally:
+        await pc.close()
+        for t in tasks:
+            t.cancel()
+
+
+async def agent(url: str, token: str, log: dict, until: asyncio.Event, speech=None) -> None:
+    """An agent on the call's token; sends ``speech`` (PCM16 at real-time pace) if given."""
+    log.update(msgs=[])
+    async with websockets.connect(f"{url}?token={token}&role=agent", max_size=2**20) as ws:
+
+        async def receive() -> None:
+            async for raw in ws:
+                log["msgs"].append([time.monotonic(), json.loads(raw)])
+
+        receiver = asyncio.ensure_future(receive())
+        with contextlib.suppress(websockets.ConnectionClosed):
+            if speech is not None:
+                fmt = {"type": "audio_format", "sample_rate": 16000, "channels": 1}
+                await ws.send(json.dumps(fmt))
+                log["speech_at"] = time.monotonic()
+                block = 320  # 20 ms
+                for i in range(0, len(speech), block):
+                    pcm = np.clip(speech[i : i + block], -1, 1) * 32767
+                    await ws.send(pcm.astype("<i2").tobytes())
+                    await asyncio.sleep(0.02 * 0.9)  # a little ahead of playback, as agents do
+                await ws.send(json.dumps({"type": "segment_end"}))
+                log["speech_sent_at"] = time.monotonic()
+            done = asyncio.ensure_future(until.wait())
+            await asyncio.wait([receiver, done], return_when=asyncio.FIRST_COMPLETED)
+            done.cancel()
+        receiver.cancel()
+
+
+async def calls(cluster: Cluster, seconds: float, speech: np.ndarray) -> dict:
+    base = tiny_config(video={"width": SIZE, "height": SIZE}).model_dump(mode="json")
+    base.pop("schedule")
+    config = build_config(**live_config_dict(base)).model_dump(mode="json")
+    spec = HostSpec(
+        config, make_reference(SIZE, SIZE), "", CallConfig(), "", IceConfig(urls=[]), 60.0
+    )
+    server = ClusterServer(spec)
+    port = await server.start(HOST, 0)
+    url = f"ws://{HOST}:{port}/ws"
+    out: dict = {"slots_total": ray.cluster_resources().get(SLOT, 0)}
+    a, b, c = {}, {}, {}
+    mic_a = np.concatenate([np.zeros(8000, np.float32), np.tile(speech, 8)])
+    silence = np.zeros(16000 * 60, np.float32)
+    hangup, never = asyncio.Event(), asyncio.Event()
+    t_a = asyncio.ensure_future(page_call(url, hangup, mic_a, a))
+    t_b = asyncio.ensure_future(page_call(url, hangup, silence, b))
+    deadline = time.monotonic() + 120
+    while len(server.by_token) < 2 or not (a.get("video") and b.get("video")):
+        if time.monotonic() > deadline or t_a.done() or t_b.done():
+            raise RuntimeError(f"calls did not start: {a.get('msgs')} {b.get('msgs')}")
+        await asyncio.sleep(0.1)
+    note("two calls up")
+    out["up_at"] = time.monotonic()
+    out["nodes"] = {
+        name: next(call.node for call in server.placed if call.token == page["session"]["token"])
+        for name, page in (("a", a), ("b", b))
+    }
+    out["placement_s"] = {
+        name: page["video"][0] - page["connect_at"] for name, page in (("a", a), ("b", b))
+    }
+    third = asyncio.ensure_future(page_call(url, never, silence, c))  # both slots are taken
+    await asyncio.wait_for(third, 10)
+    out["third"] = c["msgs"]
+    stop_agents = asyncio.Event()
+    ag_a, ag_b = {}, {}
+    t_ag_a = asyncio.ensure_future(agent(url, a["session"]["token"], ag_a, stop_agents))
+    t_ag_b = asyncio.ensure_future(
+        agent(url, b["session"]["token"], ag_b, stop_agents, speech=speech[: 16000 * 3])
+    )
+    deadline = time.monotonic() + 30
+    while not any(m["type"] == "playback_finished" for _, m in ag_b.get("msgs", [])):
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(max(0.0, out["up_at"] + seconds / 2 - time.monotonic()))
+    victim = next(n for n in cluster.worker_nodes if n.node_id == out["nodes"]["a"])
+    out["kill_at"] = time.monotonic()
+    note("killing the first call's node")
+    cluster.remove_node(victim, allow_graceful=False)  # SIGKILL to the node's processes
+    await asyncio.sleep(seconds / 2)
+    out["hangup_at"] = time.monotonic()
+    hangup.set()
+    await asyncio.wait_for(asyncio.gather(t_a, t_b), 30)
+    stop_agents.set()
+    await asyncio.wait_for(asyncio.gather(t_ag_a, t_ag_b), 30)
+    for _ in range(100):  # the front releases the call once the page has gone
+        if not server.placed:
+            break
+        await asyncio.sleep(0.1)
+    out["calls_left"] = len(server.placed)
+    await server.stop()
+    out.update(a=a, b=b, agent_a=ag_a, agent_b=ag_b)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--folder", type=Path, required=True)
+    ap.add_argument("--seconds", type=float, default=14.0)
+    ap.add_argument("--skip-batch", action="store_true")
+    args = ap.parse_args()
+    speech = load_audio(HELLO_WAV, 16000)
+    t0 = time.monotonic()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**NODE, "num_cpus": 0, "include_dashboard": False},
+    )
+    try:
+        for _ in range(2):
+            cluster.add_node(**NODE, num_cpus=1, resources={SLOT: 1})
+        cluster.wait_for_nodes()
+        note("cluster up")
+        result: dict = {"cluster_start_s": time.monotonic() - t0}
+        t1 = time.monotonic()
+        if not args.skip_batch:
+            result["batch"] = batch(args.folder, cluster.address, speech)
+        result["batch_s"] = time.monotonic() - t1
+        ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+        t2 = time.monotonic()
+        try:
+            result["calls"] = asyncio.run(calls(cluster, args.seconds, speech))
+        except Exception as err:  # reported in RESULT; the test names it
+            result["calls_error"] = repr(err)
+            import traceback
+
+            traceback.print_exc()
+        result["calls_s"] = time.monotonic() - t2
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    emit(result)
+
+
+main()

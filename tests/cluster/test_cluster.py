@@ -1,0 +1,123 @@
+"""Calls and batch renders on a local multi-node Ray cluster (tests/cluster/scenarios/
+cluster_run.py, in a private network namespace): a head without call slots and two worker nodes
+of one slot and one CPU each. One cluster serves every test here (it takes ~30 s to start)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from cluster_netns import run_cluster_scenario
+
+pytestmark = pytest.mark.e2e
+
+CALL_SECONDS = 12.0
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("cluster")
+    result = run_cluster_scenario(
+        "cluster_run.py", "--folder", str(folder), "--seconds", str(CALL_SECONDS)
+    )
+    result["folder"] = str(folder)
+    (folder / "result.json").write_text(json.dumps(result))  # for a look after a failure
+    return result
+
+
+@pytest.fixture(scope="module")
+def calls(run) -> dict:
+    assert "calls_error" not in run, run.get("calls_error")
+    return run["calls"]
+
+
+def frame_rates(page: dict, start: float, end: float) -> tuple[float, float]:
+    """(frames per second of media time, frames per second of arrival) of the video frames
+    that arrived between ``start`` and ``end``: the first says no frame was skipped (pts advance
+    1/25 s per frame), the second that they kept arriving (a loaded CI machine delays some)."""
+    t, pts = np.array(page["video"]), np.array(page["video_pts"])
+    inside = (t > start) & (t < end)
+    p = pts[inside]
+    media = (len(p) - 1) / ((p[-1] - p[0]) / 90000) if len(p) > 1 else 0.0
+    return media, inside.sum() / (end - start)
+
+
+def errors(log: dict) -> list[tuple[float, dict]]:
+    return [(t, m) for t, m in log["msgs"] if m["type"] == "error"]
+
+
+def test_two_calls_land_on_two_nodes_at_25_fps_and_a_third_is_busy(calls) -> None:
+    assert calls["slots_total"] == 2
+    assert calls["nodes"]["a"] != calls["nodes"]["b"]
+    for page in (calls["a"], calls["b"]):
+        assert page["session"]["type"] == "session"
+        assert not [m for _, m in errors(page) if m["code"] != "worker_lost"]
+        media, arrival = frame_rates(page, calls["up_at"] + 1.0, calls["kill_at"])
+        assert 24.5 <= media <= 25.5 and arrival >= 20, (media, arrival)
+    (third,) = calls["third"]  # refused at once: one message, no session
+    assert third[1]["type"] == "error" and third[1]["code"] == "busy"
+    assert calls["calls_left"] == 0  # the front released every call's actor
+
+
+def test_killing_a_node_ends_only_its_call_with_worker_lost(calls) -> None:
+    a, b = calls["a"], calls["b"]
+    kill = calls["kill_at"]
+    lost = [(t, m) for t, m in errors(a) if m["code"] == "worker_lost"]
+    assert lost, a["msgs"][-3:]
+    assert 0 < lost[0][0] - kill < 8  # POLL_S + LOST_AFTER_S = 5 s, plus the relay
+    assert a["ended_by"] == "server"
+    agent_lost = [t for t, m in calls["agent_a"]["msgs"] if m.get("code") == "worker_lost"]
+    assert agent_lost and 0 < agent_lost[0] - kill < 8
+    # the other call goes on at its frame rate until its page hangs up
+    assert not errors(b), errors(b)
+    assert b["ended_by"] == "page"
+    media, arrival = frame_rates(b, kill + 1.0, calls["hangup_at"])
+    assert 24.5 <= media <= 25.5 and arrival >= 20, (media, arrival)
+
+
+def test_an_agent_on_the_second_node_speaks_lip_synced(calls) -> None:
+    assert calls["nodes"]["b"] != calls["nodes"]["a"]
+    agent = calls["agent_b"]
+    kinds = [m["type"] for _, m in agent["msgs"]]
+    assert kinds[0] == "agent"
+    assert "playback_started" in kinds and "playback_finished" in kinds
+    page = calls["b"]  # its own microphone is silent: any speech it hears is the agent's
+    t = np.array(page["audio"])
+    rms = np.array(page["audio_rms"])
+    assert np.median(rms[t < agent["speech_at"]]) < 0.01
+    assert rms[t > agent["speech_at"]].max() > 0.05
+    # Audio and video leave the worker on one clock (tests/rtc/test_call.py asserts the same
+    # sender offset for a single process): small while the agent's speech plays.
+    started = next(t for t, m in agent["msgs"] if m["type"] == "playback_started")
+    finished = next(t for t, m in agent["msgs"] if m["type"] == "playback_finished")
+    stats = [m for t, m in page["msgs"] if m["type"] == "stats" and started <= t <= finished + 1]
+    offsets = [s["av_offset_ms"] for s in stats if s.get("av_offset_ms") is not None]
+    assert offsets and np.median(np.abs(offsets)) <= 40, offsets
+
+
+def test_a_batch_across_two_nodes_reports_the_bad_row_and_resumes(run) -> None:
+    first, second = run["batch"]["runs"]
+    s = first["summary"]
+    assert first["rc"] == 1, first["stderr"]  # a row failed
+    assert (s["ok"], s["failed"], s["skipped"]) == (5, 1, 0)
+    assert first["mp4s"] == [f"clip{i}.mp4" for i in range(5)]
+    (bad,) = [r for r in s["rows"] if r["status"] == "failed"]
+    assert bad["row"] == 3 and bad["audio"].endswith("broken.wav")
+    assert "not a readable audio" in bad["error"]
+    assert "row 3 (broken.wav) failed" in first["stderr"]
+    assert len(s["nodes"]) == 2  # rows ran on both worker nodes
+    assert all(r["seconds"] > 0 for r in s["rows"])
+    out = Path(run["folder"]) / "out"
+    for name in first["mp4s"]:  # finished files: both streams, the clip's length
+        with av.open(str(out / name)) as mp4:
+            assert {s.type for s in mp4.streams} == {"video", "audio"}
+            assert mp4.duration / av.time_base > 1.5
+    # the rerun skips the five finished mp4s and tries the bad row again
+    s2 = second["summary"]
+    assert (s2["ok"], s2["failed"], s2["skipped"]) == (0, 1, 5)
+    assert [r["status"] for r in s2["rows"]] == ["skipped"] * 2 + ["failed"] + ["skipped"] * 3
+    assert second["mp4s"] == first["mp4s"]
