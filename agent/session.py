@@ -516,14 +516,19 @@ class AvatarSession:
             k += 1
             await self.clock.sleep_until(start + k * BLOCK_S)
 
-    def _read_output(self, start: int, count: int) -> np.ndarray:
-        """Output samples ``[start, start + count)`` as played out (mirrors; generation thread).
+    def _read_output(self, start: int, count: int) -> np.ndarray | None:
+        """Output samples ``[start, start + count)`` as played out (mirrors; generation thread);
+        None when the playout buffer no longer holds them.
 
         The mirrors ask for audio the generation loop has just published, which the driver put
-        in the playout buffer before the pipeline could read it, and which the buffer holds for
-        seconds more (a published chunk is at most ``max_lag_ms`` behind): no lock is needed.
+        in the playout buffer before the pipeline could read it and which the buffer holds for
+        seconds more (at least 4 s; a published chunk is at most ``max_lag_ms`` behind, 1 s by
+        default): no lock is needed.
         """
-        return self.driver.playout.read(start, count)
+        playout = self.driver.playout
+        if start < playout.end - playout.capacity:
+            return None
+        return playout.read(start, count)
 
     def _push(self, block: np.ndarray) -> None:
         try:

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from pipeline.audio.resample import resample
 from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from pipeline.outputs.sink import Sink
 
@@ -26,10 +27,14 @@ class FullBandSink:
         inner: the sink to feed (an Mp4Sink, a KvsSink, ...).
         rate: the rate of the audio ``read`` returns.
         read: ``(first_sample, count) -> (count,) float32``, samples at ``rate`` counted from
-            the stream's start; called from the thread that publishes (the generation thread).
+            the stream's start, or None when they are no longer held (the segment's own audio
+            is then resampled instead); called from the thread that publishes (the generation
+            thread).
     """
 
-    def __init__(self, inner: Sink, rate: int, read: Callable[[int, int], np.ndarray]) -> None:
+    def __init__(
+        self, inner: Sink, rate: int, read: Callable[[int, int], np.ndarray | None]
+    ) -> None:
         self.inner, self.rate, self.read = inner, rate, read
         self._model_rate = 0
 
@@ -43,7 +48,11 @@ class FullBandSink:
             # segment's two ends, so consecutive segments tile the output without gap or overlap.
             start = audio.first_sample * self.rate // self._model_rate
             end = (audio.first_sample + len(audio)) * self.rate // self._model_rate
-            audio = AudioChunk(self.read(start, end - start), start)
+            full = self.read(start, end - start)
+            if full is None:  # published long after it played: the model's audio, resampled
+                full = resample(audio.samples, self._model_rate, self.rate)
+                full = np.pad(full, (0, max(0, end - start - full.shape[0])))[: end - start]
+            audio = AudioChunk(full, start)
         self.inner.write(video, audio)
 
     def close(self) -> None:
