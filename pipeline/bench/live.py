@@ -9,12 +9,14 @@ process; as root with `unshare` available it runs in a private network namespace
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,13 +25,16 @@ from pipeline.bench.worker import rss_mb
 from pipeline.core.config import TalkloopConfig
 from pipeline.core.pipeline import Pipeline
 
+if TYPE_CHECKING:
+    from rtc.client import CallResult
+    from rtc.server import AvatarServer
+
 HOST_IN_NETNS = "127.0.0.2"
 
 
 async def measure(spec: dict) -> dict:
     from pipeline.bench.worker import bench_reference
     from rtc.call import CallConfig
-    from rtc.client import CallResult
     from rtc.server import AvatarServer
 
     config = TalkloopConfig.model_validate(spec["config"])
@@ -47,22 +52,16 @@ async def measure(spec: dict) -> dict:
         while not stop.wait(1.0):
             memory.append((time.monotonic() - t0, rss_mb()))
 
+    url = f"ws://{spec['host']}:{port}/ws"
+    cycles = int(spec.get("cycles", 0))
+    if cycles:
+        try:
+            return await measure_cycles(server, url, seconds, cycles)
+        finally:
+            await server.stop()
     sampler = threading.Thread(target=sample_memory, daemon=True)
     sampler.start()
-    # The client runs in its own process, like a browser: its decoding must not share the
-    # server's interpreter (GIL) and distort the server's figures.
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "client.json"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "rtc.client",
-            f"ws://{spec['host']}:{port}/ws",
-            str(seconds),
-            str(out),
-        )
-        await proc.wait()
-        result = CallResult(**json.loads(out.read_text()))
+    result = await client_call(url, seconds)
     stop.set()
     await server.stop()
     warm = int(config.video.fps * 2)  # the first two seconds include connection set-up
@@ -112,6 +111,51 @@ async def measure(spec: dict) -> dict:
         **memory_trend(memory),
         "memory": memory,
         "errors": result.errors,
+    }
+
+
+async def client_call(url: str, seconds: float) -> CallResult:
+    """One call from a client in its own process, like a browser: its decoding must not share
+    the server's interpreter (GIL) and distort the server's figures."""
+    from rtc.client import CallResult
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "client.json"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rtc.client", url, str(seconds), str(out)
+        )
+        await proc.wait()
+        return CallResult(**json.loads(out.read_text()))
+
+
+async def measure_cycles(server: AvatarServer, url: str, seconds: float, cycles: int) -> dict:
+    """``cycles`` calls in a row, each hung up after ``seconds``: the server's RSS after each
+    (after a warm-up call that fills codec, thread and allocator pools) must come back to where
+    it started, and no call may be left open."""
+    await client_call(url, seconds)  # warm-up
+    await asyncio.sleep(0.5)
+    gc.collect()
+    base = rss_mb()
+    rss: list[float] = []
+    errors: list[dict] = []
+    fps: list[float] = []
+    for _ in range(cycles):
+        result = await client_call(url, seconds)
+        errors += result.errors
+        fps.append(result.summary()["fps"])
+        await asyncio.sleep(0.2)
+        gc.collect()
+        rss.append(rss_mb())
+    return {
+        "cycles": cycles,
+        "seconds": seconds,
+        "base_rss_mb": base,
+        "rss_mb": rss,
+        "end_minus_base_mb": rss[-1] - base,
+        "max_minus_base_mb": max(rss) - base,
+        "calls_left_open": len(server.calls),
+        "fps_min": min(fps),
+        "errors": errors,
     }
 
 

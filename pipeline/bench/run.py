@@ -50,6 +50,13 @@ def add_live_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seconds", type=float, default=60, help="length of the --live call")
     p.add_argument("--playout-delay-ms", type=int, default=None, help="live playout delay")
+    p.add_argument(
+        "--cycles",
+        type=int,
+        default=0,
+        help="with --live: instead of one long call, this many calls in a row of --seconds each; "
+        "reports the server's RSS after each against where it started (cycles.json)",
+    )
 
 
 def parse_durations(text: str) -> list[float]:
@@ -94,7 +101,7 @@ def run_worker(spec: dict, module: str = "pipeline.bench.worker", netns: bool = 
         )
         if proc.returncode != 0:
             raise TalkloopError(
-                f"bench run {spec['mode']} {spec.get('seconds')} s failed:\n{proc.stdout[-2000:]}"
+                f"bench run {spec.get('mode', module.rsplit('.', 1)[-1])} {spec.get('seconds')} s failed:\n{proc.stdout[-2000:]}"
             )
         return json.loads(result_path.read_text())
 
@@ -103,6 +110,8 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     from pipeline.models.sizes import warn_unless_native_size
 
     warn_unless_native_size(config)  # here too: the runs' own logs are only shown if they fail
+    if args.cycles < 0 or (args.cycles and not args.live):
+        raise ConfigError(f"--cycles takes a count of calls with --live, got {args.cycles}")
     if args.live:
         return cmd_bench_live(args, config)
     durations = parse_durations(args.durations)
@@ -170,6 +179,7 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         "seconds": args.seconds,
         "live": live,
         "host": "127.0.0.2" if netns else "127.0.0.1",
+        "cycles": args.cycles,
     }
     where = "a private network namespace" if netns else "this host's network"
     print(
@@ -182,6 +192,17 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
     r = run_worker(spec, module="pipeline.bench.live", netns=netns)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if args.cycles:
+        (out / "cycles.json").write_text(json.dumps(r, indent=2))
+        print(
+            f"{r['cycles']} calls of {r['seconds']:g} s: RSS {r['base_rss_mb']:.1f} MB after the "
+            f"warm-up call, {r['end_minus_base_mb']:+.1f} MB after the last "
+            f"(at most {r['max_minus_base_mb']:+.1f} MB); calls left open "
+            f"{r['calls_left_open']}; slowest call {r['fps_min']:.1f} fps; "
+            f"errors {len(r['errors'])}"
+        )
+        print(f"wrote {out / 'cycles.json'}")
+        return 0 if not r["errors"] and not r["calls_left_open"] else 1
     (out / "live.json").write_text(json.dumps(r, indent=2))
     g, a = r["glass_to_glass_ms"], r["av_offset_ms"]
     print(
