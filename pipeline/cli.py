@@ -72,6 +72,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="compute dtype (auto: bfloat16 where the hardware has it, else float32)",
     )
+    g.add_argument(
+        "--backend",
+        choices=["auto", "torch", "onnxruntime", "openvino"],
+        default="auto",
+        help="what runs the studio family's hot networks: torch, or graphs exported from the "
+        "same weights (cached in ~/.cache/talkloop) on ONNX Runtime or OpenVINO, decoder in "
+        "int8; auto: the fastest here, timed once and cached. The portrait family ignores it",
+    )
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where networks run")
     g.add_argument(
         "--placement",
@@ -197,6 +205,7 @@ def config_from_args(args: argparse.Namespace):
             "weights": args.weights,
             "untrained": args.untrained,
             "dtype": args.dtype,
+            "backend": getattr(args, "backend", "auto"),
             "device": getattr(args, "device", "cpu"),
             "placement": getattr(args, "placement", {}),
         },

@@ -172,6 +172,15 @@ class ModelConfig(_Strict):
         description="compute dtype; auto: bfloat16 where the device computes it natively "
         "(CUDA, a CPU with AVX512-BF16 or AMX), float32 elsewhere",
     )
+    # The CLI's default is auto; built in code, a pipeline runs torch unless asked (exporting
+    # and compiling graphs costs seconds per load, too much for a test's tiny pipelines).
+    backend: Literal["auto", "torch", "onnxruntime", "openvino"] = Field(
+        "torch",
+        description="what runs the studio family's hot networks: torch, or graphs exported from "
+        "the same weights run by ONNX Runtime or OpenVINO (decoder in int8); auto: the fastest "
+        "on this machine, timed once and cached (docs/architecture.md, inference backends). "
+        "The portrait family always runs torch",
+    )
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the networks compute")
     placement: PlacementConfig = PlacementConfig()
     offload_slots: int = Field(
@@ -194,6 +203,18 @@ class ModelConfig(_Strict):
         if self.untrained and self.weights is not None:
             raise ValueError("choose either weights=<folder> or untrained=true, not both")
         self._check_placement()
+        if self.backend not in ("auto", "torch"):
+            moved = [n for n, mode in self.placement.model_dump().items() if mode != "resident"]
+            if self.device != "cpu" or moved:
+                raise ValueError(
+                    f"backend={self.backend!r} runs resident networks on the CPU, but "
+                    + (
+                        f"device={self.device!r}"
+                        if self.device != "cpu"
+                        else f"{moved} are not resident"
+                    )
+                    + "; use backend='torch' (or 'auto', which picks torch there)"
+                )
         return self
 
     def _check_placement(self) -> None:

@@ -194,7 +194,11 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
         elif folder is not None and module.state_dict():
             module.load(folder)
         modules[name] = module
-    return finish_modules(modules, m)
+    finish_modules(modules, m)
+    from pipeline.models.studio.backend import use_backend
+
+    use_backend(nets, config)
+    return modules
 
 
 def _has_module(folder: Path, name: str) -> bool:

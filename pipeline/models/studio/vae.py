@@ -158,15 +158,8 @@ class StudioVAE(nn.Module):
             ``(frames, cache)``: frames (T, 3, 8h, 8w) float32 in [-1, 1]; cache (K, C, h, w),
             the last ``K = cache_frames`` latents seen (fixed size, float32).
         """
-        k = self.cfg.cache_frames
-        z = z.float()
-        if cache is None:
-            cache = self.init_cache(z)
-        seq = torch.cat([cache.float(), z], dim=0)  # (K + T, C, h, w)
+        x, new_cache = self.decoder_inputs(z, cache)
         t = z.shape[0]
-        # Frame i's input: latents i-K .. i (oldest first), stacked on channels.
-        x = torch.cat([seq[j : j + t] for j in range(k + 1)], dim=1)  # (T, C*(K+1), h, w)
-        x = (x / self.cfg.latent_scale).contiguous(memory_format=torch.channels_last)
         # oneDNN may pick different kernels for different batch sizes, so a frame's pixels could
         # depend on how the stream was split. Fixed micro-batches (padded) keep them identical.
         mb = self.cfg.decode_batch if batch is None else batch
@@ -179,5 +172,20 @@ class StudioVAE(nn.Module):
                 xb = torch.cat([xb, pad], dim=0).contiguous(memory_format=torch.channels_last)
             outs.append(self.decoder(xb)[:n])
         frames = torch.cat(outs, dim=0).contiguous()  # (T, 3, 8h, 8w)
-        new_cache = seq[seq.shape[0] - k :].clone()  # (K, C, h, w)
         return frames, new_cache
+
+    def decoder_inputs(self, z: Tensor, cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """What :meth:`decode` feeds the decoder: ``(x, new_cache)``.
+
+        x is (T, C*(K+1), h, w) channels-last, frame i's latents i-K .. i (oldest first) stacked
+        on channels and unscaled; new_cache (K, C, h, w) as :meth:`decode` returns it.
+        """
+        k = self.cfg.cache_frames
+        z = z.float()
+        if cache is None:
+            cache = self.init_cache(z)
+        seq = torch.cat([cache.float(), z], dim=0)  # (K + T, C, h, w)
+        t = z.shape[0]
+        x = torch.cat([seq[j : j + t] for j in range(k + 1)], dim=1)  # (T, C*(K+1), h, w)
+        x = (x / self.cfg.latent_scale).contiguous(memory_format=torch.channels_last)
+        return x, seq[seq.shape[0] - k :].clone()

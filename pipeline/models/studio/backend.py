@@ -1,0 +1,244 @@
+"""The studio family on an inference backend: which networks run as exported graphs, and how.
+
+The decoder (half the frame time in float32 torch) runs in int8, its activation ranges calibrated
+on the decoder inputs of studio clips (``calibration_inputs``); the A2V, SR and mouth nets run as
+float32 graphs. The audio, text and expression nets stay in torch: they run once per chunk or once
+per session and cost little. Where the A2V is called with per-sample dropout flags or without
+audio (training, guidance), it runs in torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from pipeline.backends.graph import GraphForward, Shapes
+from pipeline.backends.quantize import quantize_int8
+from pipeline.core.config import TalkloopConfig
+from pipeline.models.studio.a2v import A2VDiT
+from pipeline.models.studio.vae import StudioVAE
+
+# Part of the int8 decoder's cache key: bump when the calibration set or recipe changes.
+DECODER_INT8 = "int8-studio-v1"
+CALIBRATION_CLIPS = (0, 1, 2)  # train clips
+CALIBRATION_FRAMES = 24  # consecutive frames per clip, from frame 25 (speech under way)
+
+
+class _ClassForward(nn.Module):
+    """The network's own class ``forward``: what is exported, even once the instance's
+    ``forward`` has been replaced by the graph."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        return type(self.net).forward(self.net, *inputs)
+
+
+class _A2VNoText(_ClassForward):
+    def forward(self, x: Tensor, t: Tensor, pos: Tensor, ref: Tensor, audio: Tensor) -> Tensor:
+        return A2VDiT.forward(self.net, x, t, pos, ref, audio, None)
+
+
+class A2VForward:
+    """The A2V's forward on a backend: one graph with the prompt, one without."""
+
+    def __init__(self, net: A2VDiT, backend: str) -> None:
+        self.net = net
+        self.backend, self.variant = backend, "fp32"
+        names = ("x", "t", "pos", "ref", "audio")
+        frames = {"x": (1,), "t": (1,), "pos": (1,), "audio": (1,)}  # F varies per chunk kind
+        self.text = GraphForward(
+            backend, "studio-a2v", _ClassForward(net), (*names, "text"), dynamic=frames
+        )
+        self.no_text = GraphForward(
+            backend, "studio-a2v-notext", _A2VNoText(net), names, dynamic=frames
+        )
+
+    def __call__(
+        self,
+        x: Tensor,
+        t: Tensor,
+        pos: Tensor,
+        ref: Tensor,
+        audio: Tensor | None,
+        text: Tensor | None,
+        *,
+        audio_keep: Tensor | None = None,
+        text_keep: Tensor | None = None,
+    ) -> Tensor:
+        if audio is None or audio_keep is not None or text_keep is not None:
+            return A2VDiT.forward(
+                self.net, x, t, pos, ref, audio, text, audio_keep=audio_keep, text_keep=text_keep
+            )
+        self.net._check(x, t, pos, ref)  # the graph has no shape checks of its own
+        if text is None:
+            return self.no_text(x, t, pos, ref, audio)
+        return self.text(x, t, pos, ref, audio, text)
+
+
+@functools.cache
+def _calibration_latents(vae: StudioVAE) -> tuple[Tensor, ...]:
+    """Per calibration clip, (CALIBRATION_FRAMES, C, h, w) VAE latents of its rendered frames."""
+    from pipeline.studio.dataset import make_clip
+    from pipeline.studio.renderer import Renderer
+
+    out = []
+    for index in CALIBRATION_CLIPS:
+        clip = make_clip("train", index, render=False, augment=False)
+        start = min(25, max(0, clip.num_frames - CALIBRATION_FRAMES))
+        params = clip.params.slice(start, start + CALIBRATION_FRAMES)
+        frames = Renderer(clip.character, 256).render(params).frames  # (T, H, W, 3) uint8
+        images = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        with torch.inference_mode():
+            out.append(vae.encode(images))  # (T, C, h, w)
+    return tuple(out)
+
+
+def calibration_inputs(vae: StudioVAE, batch: int) -> list[np.ndarray]:
+    """Decoder inputs of the calibration clips, decoded as a stream, in micro-batches."""
+    batches = []
+    with torch.inference_mode():
+        for z in _calibration_latents(vae):
+            x, _ = vae.decoder_inputs(z)  # (T, C*(K+1), h, w)
+            for s in range(0, x.shape[0] - batch + 1, batch):
+                batches.append(np.ascontiguousarray(x[s : s + batch].numpy()))
+    return batches
+
+
+def attach_backend(nets: dict[str, nn.Module], backend: str) -> None:
+    """Run the hot networks of ``nets`` (built and loaded, float32) on ``backend``."""
+    vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
+    vae.decoder.forward = _decoder_forward(vae, backend)  # type: ignore[method-assign]
+    nets["a2v"].forward = A2VForward(nets["a2v"], backend)  # type: ignore[method-assign]
+    nets["sr"].forward = GraphForward(  # type: ignore[method-assign]
+        backend, "studio-sr", _ClassForward(nets["sr"]), ("z_lr", "ref_hr"), dynamic={"z_lr": (0,)}
+    )
+    nets["mouth"].forward = GraphForward(  # type: ignore[method-assign]
+        backend,
+        "studio-mouth",
+        _ClassForward(nets["mouth"]),
+        ("z", "audio"),
+        dynamic={"z": (0,), "audio": (0,)},
+    )
+
+
+def warm_up(nets: dict[str, nn.Module], config: TalkloopConfig) -> None:
+    """Export, quantise and compile every graph ``config``'s sessions run, now rather than in
+    a session's first chunks (a first use costs seconds; the files are cached on disk)."""
+    from pipeline.stages.decode import micro_batch
+
+    vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
+    a2v: A2VDiT = nets["a2v"]  # type: ignore[assignment]
+    c, k = vae.cfg.latent_channels, vae.cfg.cache_frames
+    h, w = config.video.height // 8, config.video.width // 8  # high-res latent grid
+    s = config.schedule
+    f = s.ctx_len + s.n_len
+    batch = micro_batch(s.n_len, vae.cfg.decode_batch)
+    vae.decoder.forward.runner([torch.zeros(batch, c * (k + 1), h, w)])
+    x, tf = torch.zeros(1, f, c, h // 2, w // 2), torch.zeros(1, f)
+    ref, audio = torch.zeros(1, c, h // 2, w // 2), torch.zeros(1, f, a2v.cfg.audio_dim)
+    a2v.forward.text.runner([x, tf, tf, ref, audio, torch.zeros(1, a2v.cfg.text_dim)])
+    a2v.forward.no_text.runner([x, tf, tf, ref, audio])
+    z_lr = torch.zeros(s.n_len, c, h // 2, w // 2)
+    nets["sr"].forward.runner([z_lr, torch.zeros(1, c, h, w)])
+    nets["mouth"].forward.runner([torch.zeros(s.n_len, c, h, w), audio[0, : s.n_len]])
+
+
+def _probes(nets: dict[str, nn.Module], autocast_bf16: bool):
+    """``make_probes`` for :func:`pipeline.backends.select.resolve_backend`: one decoder
+    micro-batch and one A2V step at the default schedule's shapes, on fixed inputs."""
+    import contextlib
+    import copy
+
+    g = torch.Generator().manual_seed(0)
+    vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
+    c, k = vae.cfg.latent_channels, vae.cfg.cache_frames
+    x_dec = torch.randn(3, c * (k + 1), 32, 32, generator=g)
+    f = 26  # ctx_len + n_len of the default schedule
+    a2v_in = (
+        torch.randn(1, f, c, 16, 16, generator=g),
+        torch.rand(1, f, generator=g),
+        torch.arange(f, dtype=torch.float32)[None] - 2,
+        torch.randn(1, c, 16, 16, generator=g),
+        torch.randn(1, f, nets["a2v"].cfg.audio_dim, generator=g),
+        torch.randn(1, nets["a2v"].cfg.text_dim, generator=g),
+    )
+
+    def make(candidates: tuple[str, ...]) -> dict:
+        probes = {}
+        for name in candidates:
+            if name == "torch":
+                dec, a2v = vae.decoder, nets["a2v"]
+                ctx = (
+                    (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+                    if autocast_bf16
+                    else contextlib.nullcontext
+                )
+                x_cl = x_dec.contiguous(memory_format=torch.channels_last)
+
+                def run(dec=dec, a2v=a2v, ctx=ctx, x_cl=x_cl) -> None:
+                    with torch.inference_mode(), ctx():
+                        dec(x_cl)
+                        a2v(*a2v_in)
+            else:
+                probe_nets = {n: copy.deepcopy(nets[n]).float() for n in ("vae", "a2v")}
+                probe_nets.update(sr=nets["sr"], mouth=nets["mouth"])
+                decoder = _decoder_forward(probe_nets["vae"], name)  # type: ignore[arg-type]
+                a2v_fwd = A2VForward(probe_nets["a2v"], name)  # type: ignore[arg-type]
+
+                def run(decoder=decoder, a2v_fwd=a2v_fwd) -> None:
+                    with torch.inference_mode():
+                        decoder(x_dec)
+                        a2v_fwd(*a2v_in)
+
+            probes[name] = run
+        return probes
+
+    return make
+
+
+def _decoder_forward(vae: StudioVAE, backend: str) -> GraphForward:
+    def quantize_decoder(fp32: Path, out: Path, shapes: Shapes) -> None:
+        quantize_int8(fp32, out, "x", calibration_inputs(vae, shapes[0][0]))
+
+    return GraphForward(
+        backend,
+        "studio-decoder",
+        _ClassForward(vae.decoder),
+        ("x",),
+        quantize_decoder,
+        DECODER_INT8,
+    )
+
+
+def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig) -> str:
+    """Resolve ``model.backend`` (``auto`` is timed once per machine, then cached), attach it
+    and compile the graphs ``config``'s sessions run.
+
+    Args:
+        nets: the family's networks, loaded, in their compute dtype.
+        config: the root config (model.backend, model.device, the schedule and frame size).
+    Returns:
+        The backend the hot networks now run on.
+    """
+    from pipeline.backends.cache import weights_hash
+    from pipeline.backends.select import resolve_backend
+
+    identity = "studio:" + ",".join(weights_hash(nets[n]) for n in ("vae", "a2v", "sr", "mouth"))
+    m = config.model
+    probes = _probes(nets, m.compute_dtype == "bfloat16")
+    backend = resolve_backend(m.backend, m.device, identity, probes)
+    if backend != "torch":
+        # The graphs are float32 (decoder int8) whatever the torch dtype: export from float32.
+        for n in ("a2v", "sr", "mouth"):
+            nets[n].float()
+        nets["vae"].decoder.float()
+        attach_backend(nets, backend)
+        warm_up(nets, config)
+    return backend

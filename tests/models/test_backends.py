@@ -1,0 +1,154 @@
+"""Inference backends: the --backend flag and config, availability errors, the auto choice and its
+cache, atomic cache writes, and exported graphs against torch on tiny networks (any frame count
+through one graph). The real weights' numerics are in test_backend_numerics.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from pipeline.backends import cache as cache_mod
+from pipeline.backends.graph import GraphForward
+from pipeline.backends.runtime import available_backends, check_available
+from pipeline.backends.select import resolve_backend
+from pipeline.core.config import build_config
+from pipeline.core.errors import ConfigError
+from pipeline.models.studio.family import StudioConfig, build_networks
+
+pytestmark = pytest.mark.unit
+
+EXPORTED = [b for b in ("onnxruntime", "openvino") if b in available_backends()]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path))
+    return tmp_path / "backends"
+
+
+def test_backend_flag_parses_into_the_config() -> None:
+    from pipeline.cli import build_parser, config_from_args
+
+    parser = build_parser()
+    for name in ("auto", "torch", "onnxruntime", "openvino"):
+        args = parser.parse_args(["bench", "--family", "studio", "--backend", name])
+        assert config_from_args(args).model.backend == name
+    args = parser.parse_args(["render", "--audio", "a.wav", "--out", "o.mp4"])
+    assert config_from_args(args).model.backend == "auto"  # the CLI's default
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--backend", "tensorrt"])
+
+
+def test_config_rejects_a_backend_with_offloaded_networks() -> None:
+    with pytest.raises(ConfigError, match="resident"):
+        build_config(
+            model={"family": "studio", "backend": "openvino", "placement": {"a2v": "offloaded"}}
+        )
+    assert build_config(model={"family": "studio"}).model.backend == "torch"
+
+
+def test_unavailable_backend_is_a_clear_error(monkeypatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a)
+    )
+    assert "openvino" not in available_backends()
+    with pytest.raises(ConfigError, match=r"'openvino' is not available.*pip install openvino"):
+        check_available("openvino")
+    with pytest.raises(ConfigError, match="unknown backend"):
+        check_available("tensorrt")
+    with pytest.raises(ConfigError, match="not available"):
+        resolve_backend("openvino", "cpu", "x", lambda c: {})
+
+
+def test_auto_times_the_candidates_once_and_caches_the_fastest(cache, monkeypatch) -> None:
+    import time
+
+    monkeypatch.setattr(
+        "pipeline.backends.select.available_backends", lambda: ("torch", "onnxruntime", "openvino")
+    )
+    calls: list[tuple[str, ...]] = []
+    delay = {"torch": 0.004, "onnxruntime": 0.001, "openvino": 0.008}
+
+    def make_probes(candidates):
+        calls.append(candidates)
+        return {name: (lambda d=delay[name]: time.sleep(d)) for name in candidates}
+
+    assert resolve_backend("auto", "cpu", "weights-a", make_probes) == "onnxruntime"
+    assert resolve_backend("auto", "cpu", "weights-a", make_probes) == "onnxruntime"
+    assert len(calls) == 1  # the second process-level call read the cache
+    (saved,) = cache.glob("auto-*.json")
+    assert json.loads(saved.read_text())["backend"] == "onnxruntime"
+    resolve_backend("auto", "cpu", "weights-b", make_probes)  # other weights: timed again
+    assert len(calls) == 2
+    assert resolve_backend("auto", "cuda", "weights-a", make_probes) == "torch"
+    assert resolve_backend("torch", "cpu", "weights-a", make_probes) == "torch"
+
+
+def test_cache_writes_are_all_or_nothing(cache) -> None:
+    target = cache_mod.cache_dir() / "graph.onnx"
+
+    def fail(tmp):
+        tmp.write_bytes(b"half")
+        raise RuntimeError("export failed")
+
+    with pytest.raises(RuntimeError):
+        cache_mod.cached_file(target, fail)
+    assert list(cache.iterdir()) == []  # neither the target nor a temporary file is left
+    cache_mod.cached_file(target, lambda tmp: tmp.write_bytes(b"whole"))
+    cache_mod.cached_file(target, fail)  # present: not made again
+    assert target.read_bytes() == b"whole"
+
+
+def test_weights_hash_follows_the_weights() -> None:
+    torch.manual_seed(0)
+    a = build_networks(StudioConfig.tiny())["sr"]
+    h = cache_mod.weights_hash(a)
+    assert cache_mod.weights_hash(a) == h
+    with torch.no_grad():
+        a.out.bias += 1e-3
+    assert cache_mod.weights_hash(a) != h
+
+
+@pytest.mark.parametrize("backend", EXPORTED)
+def test_exported_graphs_match_torch_at_any_frame_count(backend, cache, randomise) -> None:
+    from pipeline.models.studio.backend import A2VForward, _ClassForward
+
+    torch.manual_seed(0)
+    nets = build_networks(StudioConfig.tiny())
+    a2v, sr, mouth = (randomise(nets[n], std=0.05) for n in ("a2v", "sr", "mouth"))
+    a2v_graph = A2VForward(a2v, backend)
+    sr_graph = GraphForward(
+        backend, "sr", _ClassForward(sr), ("z_lr", "ref_hr"), dynamic={"z_lr": (0,)}
+    )
+    mouth_graph = GraphForward(
+        backend, "mouth", _ClassForward(mouth), ("z", "audio"), dynamic={"z": (0,), "audio": (0,)}
+    )
+    g = torch.Generator().manual_seed(1)
+    c, ad, td = a2v.cfg.latent_channels, a2v.cfg.audio_dim, a2v.cfg.text_dim
+    with torch.inference_mode():
+        for f in (7, 4, 11):  # the graph is exported at the first; the others reuse it
+            x = torch.randn(1, f, c, 8, 8, generator=g)
+            t, pos = torch.rand(1, f, generator=g), torch.arange(f, dtype=torch.float32)[None] - 2
+            ref, audio = torch.randn(1, c, 8, 8, generator=g), torch.randn(1, f, ad, generator=g)
+            text = torch.randn(1, td, generator=g)
+            for txt in (text, None):
+                want = type(a2v).forward(a2v, x, t, pos, ref, audio, txt)
+                got = a2v_graph(x, t, pos, ref, audio, txt)
+                torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            z_lr, ref_hr = (
+                torch.randn(f, c, 8, 8, generator=g),
+                torch.randn(1, c, 16, 16, generator=g),
+            )
+            torch.testing.assert_close(
+                sr_graph(z_lr, ref_hr), type(sr).forward(sr, z_lr, ref_hr), atol=1e-4, rtol=1e-4
+            )
+            z, au = torch.randn(f, c, 16, 16, generator=g), torch.randn(f, ad, generator=g)
+            torch.testing.assert_close(
+                mouth_graph(z, au), type(mouth).forward(mouth, z, au), atol=1e-4, rtol=1e-4
+            )
+    assert len(a2v_graph.text.runners) == len(sr_graph.runners) == len(mouth_graph.runners) == 1
+    assert len(list(cache.glob("sr-fp32-*.onnx"))) == 1
