@@ -12,6 +12,7 @@ import numpy as np
 from tqdm import tqdm
 
 from pipeline.audio.io import load_audio
+from pipeline.audio.reader import AudioReader
 from pipeline.core.clock import frames_for_samples
 from pipeline.core.config import TalkloopConfig
 from pipeline.core.errors import InputError
@@ -20,10 +21,12 @@ from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from pipeline.models.registry import load_reference
 from pipeline.offload.distributed import is_publisher
 from pipeline.outputs.background import BackgroundSink
+from pipeline.outputs.fullband import FullBandSink
 from pipeline.outputs.mp4 import Mp4Sink
 from pipeline.outputs.sink import Sink
 
 AUDIO_BLOCK_SECONDS = 1.0
+FULL_BAND_RATE = 48000  # the mp4's audio: what live calls send too (agent/session.py OUTPUT_RATE)
 
 
 @dataclass
@@ -93,6 +96,12 @@ class ProgressSink:
     abort = close
 
 
+def full_band(sink: Sink, audio_path: str | os.PathLike[str]) -> FullBandSink:
+    """``sink`` fed with ``audio_path``'s audio at ``FULL_BAND_RATE`` (48 kHz)."""
+    reader = AudioReader(audio_path, FULL_BAND_RATE)
+    return FullBandSink(sink, FULL_BAND_RATE, reader.read, release=reader.close)
+
+
 def render_file(
     config: TalkloopConfig,
     audio_path: str | os.PathLike[str],
@@ -119,8 +128,14 @@ def render_file(
     sinks: list = []
     if is_publisher():  # torchrun: every rank computes its shards, only rank 0 publishes
         mp4 = Mp4Sink(out, crf=config.output.crf, preset=config.output.preset)
-        # Encoding runs on its own thread, overlapping the next chunk's generation.
-        sinks = [BackgroundSink(mp4), ProgressSink(total, progress), *extra_sinks]
+        # The mp4 and mirrors get the file's audio at full band, not the model's 16 kHz; each
+        # reads the file as it goes. Encoding runs on its own thread, overlapping the next
+        # chunk's generation (the mp4's full-band decode too).
+        sinks = [
+            BackgroundSink(full_band(mp4, audio_path)),
+            ProgressSink(total, progress),
+            *(full_band(s, audio_path) for s in extra_sinks),
+        ]
     session = pipeline.open_session(image, prompt, sinks)
     t0 = time.perf_counter()
     interrupted = False

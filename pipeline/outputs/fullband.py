@@ -30,12 +30,18 @@ class FullBandSink:
             the stream's start, or None when they are no longer held (the segment's own audio
             is then resampled instead); called from the thread that publishes (the generation
             thread).
+        release: called once the inner sink is closed or aborted (e.g. closes the file ``read``
+            decodes).
     """
 
     def __init__(
-        self, inner: Sink, rate: int, read: Callable[[int, int], np.ndarray | None]
+        self,
+        inner: Sink,
+        rate: int,
+        read: Callable[[int, int], np.ndarray | None],
+        release: Callable[[], None] | None = None,
     ) -> None:
-        self.inner, self.rate, self.read = inner, rate, read
+        self.inner, self.rate, self.read, self.release = inner, rate, read, release
         self._model_rate = 0
 
     def open(self, info: StreamInfo) -> None:
@@ -56,7 +62,18 @@ class FullBandSink:
         self.inner.write(video, audio)
 
     def close(self) -> None:
-        self.inner.close()
+        try:
+            self.inner.close()
+        finally:
+            self._release()
 
     def abort(self) -> None:
-        self.inner.abort()
+        try:
+            self.inner.abort()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            release()
