@@ -135,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--prompt", default="", help="initial style prompt of each session")
     sv.add_argument("--max-sessions", type=int, default=1, help="concurrent calls at most")
     sv.add_argument(
+        "--cluster",
+        default=None,
+        help="run each call on a Ray cluster's worker node: auto (this machine's cluster, else a "
+        "local one with --max-sessions slots), ray://HOST:PORT or HOST:PORT (docs/scaling.md)",
+    )
+    sv.add_argument(
         "--playout-delay-ms",
         type=int,
         default=None,
@@ -305,6 +311,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             offer_timeout_s=serving.offer_timeout_s,
             notes=serving.notes,
             ice=serving.ice,
+            cluster=args.cluster,
         )
     )
     return 0

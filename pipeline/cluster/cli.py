@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import subprocess
 import sys
 import time
@@ -156,16 +157,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         opts.append(f"--node-ip-address={args.node_ip_address}")
     if args.block:
         opts.append("--block")
-    return subprocess.call(ray_command("start", *opts))
+    from pipeline.cluster.connect import token_auth_env
+
+    return subprocess.call(ray_command("start", *opts), env=token_auth_env(dict(os.environ)))
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
     """Ask the head to drain one node (Ray's drain API), then wait until it is idle."""
-    from pipeline.cluster.connect import SLOT, import_ray
+    from pipeline.cluster.connect import SLOT, import_ray, token_auth_env
 
-    ray = import_ray()
     if not args.address or args.address.startswith("ray://"):
         raise ConfigError("--drain needs --address HEAD:PORT (the head's GCS address)")
+    os.environ.update(token_auth_env(dict(os.environ)))  # before Ray reads its configuration
+    ray = import_ray()
     from ray.core.generated import autoscaler_pb2
 
     ray.init(address=args.address, logging_level="WARNING", log_to_driver=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 
 from pipeline.core.errors import ConfigError
@@ -17,6 +18,20 @@ SLOT = "talkloop_slot"  # the custom resource: one live call per unit (talkloop 
 LOCAL_IP = "127.0.0.1"
 # A local instance needs a small object store: rows pass paths, calls pass messages.
 LOCAL_OBJECT_STORE_BYTES = 200 * 1024 * 1024
+
+
+def token_auth_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``RAY_AUTH_MODE=token`` where a token is at hand and no mode is set.
+
+    Ray turns token authentication on for a head it starts (making ``~/.ray/auth_token`` if
+    needed), but a node or driver that *joins* sends the token only in token mode; so with the
+    token file (or ``RAY_AUTH_TOKEN``) present and no mode chosen, joining uses it
+    (docs/scaling.md, Authentication). ``RAY_AUTH_MODE=disabled`` still opts out."""
+    out = dict(env)
+    token = Path(out.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if "RAY_AUTH_MODE" not in out and (out.get("RAY_AUTH_TOKEN") or token.is_file()):
+        out["RAY_AUTH_MODE"] = "token"
+    return out
 
 
 def import_ray():
@@ -32,10 +47,18 @@ def import_ray():
 
 
 def _running_cluster() -> bool:
-    """Whether ``address="auto"`` would find a cluster (RAY_ADDRESS or a ``ray start`` here)."""
+    """Whether ``address="auto"`` would find a live cluster: RAY_ADDRESS, or the address a
+    ``ray start`` on this machine left in /tmp/ray and whose GCS port answers (a stopped or
+    killed cluster can leave the file behind)."""
     if os.environ.get("RAY_ADDRESS"):
         return True
-    return Path("/tmp/ray/ray_current_cluster").is_file()
+    try:
+        address = Path("/tmp/ray/ray_current_cluster").read_text().strip()
+        host, _, port = address.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def connect(address: str | None, *, slots: int = 0, num_cpus: int | None = None) -> str:
@@ -50,11 +73,13 @@ def connect(address: str | None, *, slots: int = 0, num_cpus: int | None = None)
     Raises:
         ConfigError: Ray is missing, or the cluster cannot be reached.
     """
+    if address == "auto" and not _running_cluster():
+        address = None
+    if address not in (None, "local"):  # before Ray reads its configuration
+        os.environ.update(token_auth_env(dict(os.environ)))
     ray = import_ray()
     if ray.is_initialized():
         return "the Ray instance this process already joined"
-    if address == "auto" and not _running_cluster():
-        address = None
     try:
         if address in (None, "local"):
             ray.init(
