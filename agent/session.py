@@ -42,6 +42,7 @@ from agent.clock import Clock, Lateness, MediaClock, RealClock, av_offset_ms
 from agent.driver import AudioDriver
 from agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
 from pipeline.audio.resample import StreamResampler
+from pipeline.backends.report import describe
 from pipeline.core.errors import BusyError, SessionClosedError
 from pipeline.core.pipeline import Pipeline
 from pipeline.core.session import Session
@@ -454,6 +455,8 @@ class AvatarSession:
             "skipped_frames": s.skipped_frames,
             "frames_generated": s.frames,
             "rtf": round(s.generate_seconds / media, 3) if s.frames else None,
+            # what computes the frames: {"backend", "dtype", "int8"} (pipeline/backends/report.py)
+            "runtime": describe(self.pipeline.modules, self.pipeline.config.model.compute_dtype),
             "playout_delay_ms": round(self.playout_s * 1000),
             "av_offset_ms": av_offset_ms(self.video_lateness, self.audio_lateness),
             "queue_depth": self.frames.depth,
