@@ -106,6 +106,7 @@ async def measure(spec: dict) -> dict:
         "late_timeline": [s.get("late_frames") for s in result.stats],
         "mic_backlog_ms": [s.get("mic_backlog_ms") for s in result.stats],
         "rtf": last.get("rtf"),
+        "runtime": last.get("runtime"),  # the server's backend, dtype and int8 networks
         "peak_rss_mb": float(mem[:, 1].max()) if mem.size else None,
         # RSS growth in the first WARMUP_S of the call, then the slope of the rest
         **memory_trend(memory),

@@ -130,9 +130,13 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
         f"cpus={machine['cpus']} ({machine['cpu_model']})",
         flush=True,
     )
-    ttff = run_worker({"config": cfg, "mode": "ttff", "seconds": 0, "repeats": args.ttff_runs})[
-        "ttff_ms"
-    ]
+    ttff_run = run_worker({"config": cfg, "mode": "ttff", "seconds": 0, "repeats": args.ttff_runs})
+    ttff, runtime = ttff_run["ttff_ms"], ttff_run["runtime"]
+    print(
+        f"  runtime: backend={runtime['backend']} dtype={runtime['dtype']} "
+        f"int8={','.join(runtime['int8']) or 'none'}",
+        flush=True,
+    )
     runs = []
     modes = ["ours", "naive"] if args.baseline else ["ours"]
     for seconds in durations:
@@ -143,6 +147,7 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     result = {
         "config": cfg,
         "machine": machine,
+        "runtime": runtime,  # the resolved --backend, dtype and int8 networks
         "ttff_ms": ttff_sorted[len(ttff_sorted) // 2],
         "ttff_ms_runs": ttff,
         "runs": runs,
@@ -209,6 +214,9 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         f"glass_to_glass_ms p50 {_fmt(g['p50'])}  p95 {_fmt(g['p95'])}  max {_fmt(g['max'])} "
         f"({g['samples']} frames)"
     )
+    if r.get("runtime"):
+        rt = r["runtime"]
+        print(f"runtime: backend={rt['backend']} dtype={rt['dtype']} int8={rt['int8'] or 'none'}")
     print(
         f"fps {r['fps']:.2f}  codec {r['codec']}  late {r['late_frames']} of {r['frames_sent']} "
         f"sent  dropped {r['dropped_frames']}  skipped {r['skipped_frames']}  rtf {r['rtf']}"

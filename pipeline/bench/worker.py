@@ -20,6 +20,7 @@ import torch
 
 from pipeline.assets import HELLO_WAV
 from pipeline.audio.io import load_audio
+from pipeline.backends.report import describe
 from pipeline.bench.memory import memory_trend
 from pipeline.core.config import TalkloopConfig
 from pipeline.core.graph import default_phases
@@ -150,13 +151,16 @@ def run(spec: dict) -> dict:
     from pipeline.models.registry import load_modules
 
     pipeline = Pipeline(config, load_modules(config), phases)
+    # What --backend auto and --dtype auto chose here: {"backend", "dtype", "int8"}.
+    runtime = describe(pipeline.modules, config.model.compute_dtype)
     reference = bench_reference(config)
     rate = config.audio.sample_rate
     if mode == "ttff":
         return {
             "ttff_ms": [measure_ttff(pipeline, reference) for _ in range(int(spec["repeats"]) + 1)][
                 1:
-            ]
+            ],
+            "runtime": runtime,
         }
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.mp4"
@@ -181,6 +185,7 @@ def run(spec: dict) -> dict:
         "fps": frames / wall,
         "peak_rss_mb": peak_rss_mb(),
         "torch_threads": torch.get_num_threads(),
+        "runtime": runtime,
         # Where the time goes: seconds of each "phase/stage" per second of video (their sum is
         # at most rtf). On CUDA a stage's figure is its launches plus any wait it causes.
         "stage_rtf": {k: v / media for k, v in sorted(stage_seconds.items())},

@@ -33,6 +33,8 @@ def test_bench_tiny_writes_json_and_plot(tmp_path: Path, capsys) -> None:
             "2",
             "--ttff-runs",
             "1",
+            "--backend",
+            "torch",
             "--out",
             str(out),
         ]
@@ -43,6 +45,7 @@ def test_bench_tiny_writes_json_and_plot(tmp_path: Path, capsys) -> None:
     assert "mem_warmup_growth_mb" in table and "mem_slope_mb_per_min" in table
     result = json.loads((out / "bench.json").read_text())
     assert result["ttff_ms"] > 0
+    assert result["runtime"]["backend"] == "torch" and result["runtime"]["int8"] == []
     assert result["machine"]["cpus"] == len(os.sched_getaffinity(0))
     modes = {r["mode"]: r for r in result["runs"]}
     assert set(modes) == {"ours", "naive"}

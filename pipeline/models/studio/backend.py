@@ -83,8 +83,9 @@ class A2VForward:
 
 
 @functools.cache
-def _calibration_latents(vae: StudioVAE) -> tuple[Tensor, ...]:
-    """Per calibration clip, (CALIBRATION_FRAMES, C, h, w) VAE latents of its rendered frames."""
+def _calibration_latents(vae: StudioVAE, width: int, height: int) -> tuple[Tensor, ...]:
+    """Per calibration clip, (CALIBRATION_FRAMES, C, h, w) VAE latents of its frames rendered
+    at ``width`` x ``height``."""
     from pipeline.studio.dataset import make_clip
     from pipeline.studio.renderer import Renderer
 
@@ -93,18 +94,21 @@ def _calibration_latents(vae: StudioVAE) -> tuple[Tensor, ...]:
         clip = make_clip("train", index, render=False, augment=False)
         start = min(25, max(0, clip.num_frames - CALIBRATION_FRAMES))
         params = clip.params.slice(start, start + CALIBRATION_FRAMES)
-        frames = Renderer(clip.character, 256).render(params).frames  # (T, H, W, 3) uint8
+        frames = Renderer(clip.character, (width, height)).render(params).frames  # (T, H, W, 3)
         images = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 127.5 - 1.0
         with torch.inference_mode():
             out.append(vae.encode(images))  # (T, C, h, w)
     return tuple(out)
 
 
-def calibration_inputs(vae: StudioVAE, batch: int) -> list[np.ndarray]:
-    """Decoder inputs of the calibration clips, decoded as a stream, in micro-batches."""
+def calibration_inputs(vae: StudioVAE, shape: tuple[int, ...]) -> list[np.ndarray]:
+    """Decoder inputs of the calibration clips, decoded as a stream, in micro-batches of the
+    decoder graph's input ``shape`` (B, C*(K+1), h, w)."""
+    batch, h, w = shape[0], shape[2], shape[3]
+    f = vae.cfg.spatial_factor
     batches = []
     with torch.inference_mode():
-        for z in _calibration_latents(vae):
+        for z in _calibration_latents(vae, w * f, h * f):
             x, _ = vae.decoder_inputs(z)  # (T, C*(K+1), h, w)
             for s in range(0, x.shape[0] - batch + 1, batch):
                 batches.append(np.ascontiguousarray(x[s : s + batch].numpy()))
@@ -205,7 +209,7 @@ def _probes(nets: dict[str, nn.Module], autocast_bf16: bool):
 
 def _decoder_forward(vae: StudioVAE, backend: str) -> GraphForward:
     def quantize_decoder(fp32: Path, out: Path, shapes: Shapes) -> None:
-        quantize_int8(fp32, out, "x", calibration_inputs(vae, shapes[0][0]))
+        quantize_int8(fp32, out, "x", calibration_inputs(vae, shapes[0]))
 
     return GraphForward(
         backend,

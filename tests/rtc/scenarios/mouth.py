@@ -34,7 +34,8 @@ SILENCE_S, SPEECH_S = 3.0, 5.0
 
 
 async def main() -> None:
-    config = build_config(**live_config_dict({}))  # what `talkloop serve` runs
+    # What `talkloop serve --family studio` runs (its --backend default is auto).
+    config = build_config(**live_config_dict({"model": {"family": "studio", "backend": "auto"}}))
     pipeline = await asyncio.to_thread(Pipeline.from_config, config)
     ref = load_reference(default_reference(), 256, 256)
     server = AvatarServer(pipeline, ref, "", CallConfig(), 1, "")
