@@ -58,10 +58,11 @@ async def main() -> None:
     await server.stop()
     audio = np.concatenate(r.audio) if r.audio else np.zeros(0, np.float32)
     rate = r.audio_rate
-    # The loudest second: where the tone played.
-    second = rate
-    energy = np.convolve(audio**2, np.ones(second // 10), mode="valid")[:: second // 10]
-    start = int(np.argmax(energy)) * (second // 10) if energy.size else 0
+    # The loudest whole second: where the tone played.
+    second, step = rate, rate // 10
+    starts = range(0, audio.shape[0] - second + 1, step)
+    energy = [float(np.sum(audio[i : i + second] ** 2)) for i in starts]
+    start = starts[int(np.argmax(energy))] if energy else 0
     window = audio[start : start + second]
     sent = [s["av_offset_ms"] for s in r.stats if s.get("av_offset_ms") is not None]
     emit(
