@@ -154,22 +154,28 @@ def warm_up(nets: dict[str, nn.Module], config: TalkloopConfig) -> None:
     nets["mouth"].forward.runner([torch.zeros(s.n_len, c, h, w), audio[0, : s.n_len]])
 
 
-def _probes(nets: dict[str, nn.Module], autocast_bf16: bool):
+def _probes(nets: dict[str, nn.Module], config: TalkloopConfig):
     """``make_probes`` for :func:`pipeline.backends.select.resolve_backend`: one decoder
-    micro-batch and one A2V step at the default schedule's shapes, on fixed inputs."""
+    micro-batch and one A2V step at ``config``'s shapes (those :func:`warm_up` compiles), on
+    fixed inputs."""
     import contextlib
     import copy
 
+    from pipeline.stages.decode import micro_batch
+
+    autocast_bf16 = config.model.compute_dtype == "bfloat16"
     g = torch.Generator().manual_seed(0)
     vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
     c, k = vae.cfg.latent_channels, vae.cfg.cache_frames
-    x_dec = torch.randn(3, c * (k + 1), 32, 32, generator=g)
-    f = 26  # ctx_len + n_len of the default schedule
+    h, w = config.video.height // 8, config.video.width // 8  # high-res latent grid
+    s = config.schedule
+    x_dec = torch.randn(micro_batch(s.n_len, vae.cfg.decode_batch), c * (k + 1), h, w, generator=g)
+    f = s.ctx_len + s.n_len
     a2v_in = (
-        torch.randn(1, f, c, 16, 16, generator=g),
+        torch.randn(1, f, c, h // 2, w // 2, generator=g),
         torch.rand(1, f, generator=g),
-        torch.arange(f, dtype=torch.float32)[None] - 2,
-        torch.randn(1, c, 16, 16, generator=g),
+        torch.arange(f, dtype=torch.float32)[None] - s.ctx_len,
+        torch.randn(1, c, h // 2, w // 2, generator=g),
         torch.randn(1, f, nets["a2v"].cfg.audio_dim, generator=g),
         torch.randn(1, nets["a2v"].cfg.text_dim, generator=g),
     )
@@ -236,7 +242,7 @@ def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig) -> str:
 
     identity = "studio:" + ",".join(weights_hash(nets[n]) for n in ("vae", "a2v", "sr", "mouth"))
     m = config.model
-    probes = _probes(nets, m.compute_dtype == "bfloat16")
+    probes = _probes(nets, config)
     backend = resolve_backend(m.backend, m.device, identity, probes)
     if backend != "torch":
         # The graphs are float32 (decoder int8) whatever the torch dtype: export from float32.
