@@ -64,7 +64,6 @@ async def main() -> None:
     energy = [float(np.sum(audio[i : i + second] ** 2)) for i in starts]
     start = starts[int(np.argmax(energy))] if energy else 0
     window = audio[start : start + second]
-    sent = [s["av_offset_ms"] for s in r.stats if s.get("av_offset_ms") is not None]
     emit(
         {
             **r.summary(),
@@ -73,7 +72,6 @@ async def main() -> None:
             "tone_share": band_share(window, rate, TONE_HZ - 300, TONE_HZ + 300)
             if window.size == second
             else 0.0,
-            "av_offset_ms": sent,
             "calls_left": len(server.calls),
         }
     )
