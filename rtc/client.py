@@ -69,6 +69,7 @@ class CallResult:
     video_times: list[float] = field(default_factory=list)  # arrival (monotonic) per frame
     video_pts: list[int] = field(default_factory=list)  # 90 kHz
     stamps_latency_ms: list[float] = field(default_factory=list)
+    stamps_unreadable: int = 0  # frames sent without a stamp (e.g. the idle frame) or blurred
     frame_means: list[float] = field(default_factory=list)  # mean of a centre patch per frame
     audio_times: list[float] = field(default_factory=list)  # arrival per audio frame
     audio_pts: list[int] = field(default_factory=list)
@@ -127,8 +128,11 @@ async def run_call(
             result.frame_means.append(float(rgb[h // 3 : 2 * h // 3, w // 3 : 2 * w // 3].mean()))
             if read_stamps:
                 sent_ms = read_stamp(rgb)
-                now_ms = int(time.time() * 1000) & 0xFFFFFFFF
-                result.stamps_latency_ms.append(float((now_ms - sent_ms) & 0xFFFFFFFF))
+                if sent_ms is None:
+                    result.stamps_unreadable += 1
+                else:
+                    now_ms = int(time.time() * 1000) & 0xFFFFFFFF
+                    result.stamps_latency_ms.append(float((now_ms - sent_ms) & 0xFFFFFFFF))
             if len(result.frames) < keep_frames:
                 result.frames.append(rgb)
 

@@ -74,26 +74,34 @@ class AvatarVideoTrack(MediaStreamTrack):
 STAMP_BITS = 32
 
 
+def _stamp_blocks(h: int, w: int) -> tuple[int, int]:
+    return w // 16, max(8, min(16, h // 16))
+
+
 def stamp_bits(rgb: np.ndarray, value: int) -> np.ndarray:
-    """Paint ``value`` (32 bits, MSB first) as two rows of 16 black/white blocks at the top."""
+    """Paint ``value`` (32 bits, MSB first) as two rows of 16 black/white blocks at the top, and
+    its complement as the two rows below: a frame that was sent unstamped, or whose blocks the
+    codec blurred, does not read back as a wrong value."""
     out = rgb.copy()
-    h, w = out.shape[:2]
-    bw, bh = w // 16, max(8, min(16, h // 16))
-    for bit in range(STAMP_BITS):
+    bw, bh = _stamp_blocks(*out.shape[:2])
+    for bit in range(2 * STAMP_BITS):
         row, col = divmod(bit, 16)
-        on = (value >> (STAMP_BITS - 1 - bit)) & 1
+        on = (value >> (STAMP_BITS - 1 - bit % STAMP_BITS)) & 1 ^ (bit >= STAMP_BITS)
         out[row * bh : (row + 1) * bh, col * bw : (col + 1) * bw] = 255 if on else 0
     return out
 
 
-def read_stamp(rgb: np.ndarray) -> int:
-    """Inverse of ``stamp_bits`` on a decoded (lossy) frame."""
-    h, w = rgb.shape[:2]
-    bw, bh = w // 16, max(8, min(16, h // 16))
-    value = 0
-    for bit in range(STAMP_BITS):
+def read_stamp(rgb: np.ndarray) -> int | None:
+    """Inverse of ``stamp_bits`` on a decoded (lossy) frame; None when the frame carries no
+    readable stamp (some bit and its complement agree)."""
+    bw, bh = _stamp_blocks(*rgb.shape[:2])
+    my, mx = bh // 4, bw // 4  # read the block's centre: its edges blur in the codec
+    bits = []
+    for bit in range(2 * STAMP_BITS):
         row, col = divmod(bit, 16)
-        my, mx = bh // 4, bw // 4  # read the block's centre: its edges blur in the codec
         block = rgb[row * bh + my : (row + 1) * bh - my, col * bw + mx : (col + 1) * bw - mx]
-        value = (value << 1) | int(block.mean() > 127)
-    return value
+        bits.append(int(block.mean() > 127))
+    value, check = bits[:STAMP_BITS], bits[STAMP_BITS:]
+    if any(a == b for a, b in zip(value, check, strict=True)):
+        return None
+    return int("".join(map(str, value)), 2)

@@ -87,6 +87,7 @@ async def measure(spec: dict) -> dict:
             "p95": float(np.percentile(g2g, 95)) if g2g.size else None,
             "max": float(g2g.max()) if g2g.size else None,
             "samples": int(g2g.size),
+            "unreadable": result.stamps_unreadable,
         },
         "av_offset_ms": {
             "end": offsets[-1][1] if offsets else None,
