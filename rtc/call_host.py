@@ -6,8 +6,8 @@ The actor holds one ``talkloop_slot`` of its node and owns the whole call: the p
 the worker node's own ICE candidates, so media flows between the browser and the worker; only
 signaling, controls, stats and the agent protocol pass through the front (``rtc/cluster.py``).
 
-The front calls, in order: ``node`` (placed), ``open`` (networks loaded, the call's server
-started), then ``page_messages``/``agent_*`` as messages arrive (in order, in batches), while it long-polls ``poll`` for
+The front calls, in order: ``prepare`` (placed, networks loaded: a warm actor waits here for
+a page), ``start`` (the page's connection served), then ``page_messages``/``agent_*`` as messages arrive (in order, in batches), while it long-polls ``poll`` for
 what the call sends. ``poll`` answers at least every ``wait_s`` even when there is nothing to
 send, so a front that hears nothing for longer knows the actor or its node is gone.
 """
@@ -45,12 +45,11 @@ class CallHost:
 
     Args:
         spec: the settings of every call.
-        number: the call's number at the front (1, 2, ...; names its per-call KVS stream).
     """
 
-    def __init__(self, spec: HostSpec, number: int) -> None:
+    def __init__(self, spec: HostSpec) -> None:
         self.spec = spec
-        self.number = number
+        self.number = 0  # the call's number at the front (names its per-call KVS stream)
         self.server = None
         self.outbox: asyncio.Queue | None = None
         self.page: RelaySocket | None = None
@@ -58,13 +57,21 @@ class CallHost:
         self._tasks: list[asyncio.Task] = []
 
     async def node(self) -> str:
-        """The Ray node id this actor was placed on."""
+        """The Ray node id this actor was placed on (answers as soon as it is placed)."""
         import ray
 
         return ray.get_runtime_context().get_node_id()
 
-    async def open(self, query: dict[str, list[str]]) -> None:
-        """Load the networks and start serving the page's connection (its ``query``)."""
+    async def idle_on(self) -> str | None:
+        """Its node id while it waits for a page (a warm actor), else None (``worker --drain``
+        stops warm actors on the node it drains: they hold a slot but no call)."""
+        return None if self._tasks else await self.node()
+
+    async def prepare(self) -> str:
+        """Load the networks and make the call's server, before any page is here (a warm
+        actor waits like this for the next page). Returns the Ray node id."""
+        import ray
+
         from pipeline.core.config import build_config
         from pipeline.core.pipeline import Pipeline
         from rtc.server import AvatarServer
@@ -85,6 +92,11 @@ class CallHost:
         )
         self.outbox = asyncio.Queue()
         self.page = RelaySocket("page", self.outbox)
+        return ray.get_runtime_context().get_node_id()
+
+    async def start(self, query: dict[str, list[str]], number: int) -> None:
+        """Serve the page's connection (its ``query``) as call ``number`` of the front."""
+        self.number = number
         self._tasks.append(asyncio.get_running_loop().create_task(self._serve_page(query)))
 
     async def _serve_page(self, query: dict[str, list[str]]) -> None:

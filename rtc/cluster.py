@@ -7,9 +7,11 @@ places it on a node with a free slot; the actor owns the call. The front relays 
 agent's messages to it and forwards what it sends back; media never passes through the front.
 
 Capacity and faults:
-- No free slot: the page gets ``busy`` at once (the front counts the cluster's free slots before
-  it places; a call that Ray still cannot place within ``place_timeout_s``, e.g. on a node being
-  drained, gets ``busy`` too). Nothing queues.
+- The front keeps ``warm`` actors placed and loaded while slots are free, so a page starts its
+  call without waiting for a new process to start and load the networks.
+- No free slot: the page gets ``busy`` at once (the front counts the cluster's slots against its
+  calls and warm actors before it places; a call that Ray still cannot place within
+  ``place_timeout_s``, e.g. on a node being drained, gets ``busy`` too). Nothing queues.
 - The actor or its node dies: its page and agent get ``error {code: "worker_lost"}`` within
   ``POLL_S + lost_after_s`` (the actor answers every poll within ``POLL_S``; silence longer than
   that is loss, whether Ray has noticed yet or not); the slot comes back when the node does.
@@ -23,6 +25,8 @@ import contextlib
 import functools
 import json
 import logging
+import secrets
+import ssl
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +35,7 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from pipeline.cluster.connect import SLOT, connect, import_ray
+from pipeline.cluster.connect import CALL_NAMESPACE, SLOT, connect, import_ray
 from pipeline.core.config import TalkloopConfig
 from rtc.call import CallConfig
 from rtc.call_host import CallHost, HostSpec
@@ -44,9 +48,18 @@ log = logging.getLogger("talkloop.cluster")
 
 POLL_S = 1.0  # the actor answers a poll at least this often
 LOST_AFTER_S = 4.0  # a poll unanswered this long past POLL_S: the actor or its node is gone
+WARM_ACTORS = 1  # placed, loaded actors waiting for the next page
 PLACE_TIMEOUT_S = 60.0  # Ray must start the actor on a node within this (else: busy)
 OPEN_TIMEOUT_S = 180.0  # loading the networks on the node
 RELAY_TIMEOUT_S = 10.0  # one relayed message
+
+
+@dataclass(eq=False)
+class Host:
+    """A placed, prepared CallHost actor (networks loaded) that no page uses yet."""
+
+    actor: object
+    node: str
 
 
 @dataclass(eq=False)
@@ -77,6 +90,9 @@ class ClusterServer(AvatarServer):
         place_timeout_s: how long Ray may take to start a call's actor before the page gets
             ``busy``.
         lost_after_s: silence from an actor (past ``POLL_S``) after which its call is lost.
+        warm: actors kept placed and loaded, waiting for the next pages (while slots are
+            free): a page then starts its call at once instead of waiting for a new process
+            to start and load the networks (docs/scaling.md, Figures).
     """
 
     def __init__(
@@ -86,6 +102,7 @@ class ClusterServer(AvatarServer):
         web_dir: Path = WEB_DIR,
         place_timeout_s: float = PLACE_TIMEOUT_S,
         lost_after_s: float = LOST_AFTER_S,
+        warm: int = WARM_ACTORS,
     ) -> None:
         # Not AvatarServer.__init__: the front loads no pipeline and runs no call itself. These
         # are the attributes its HTTP, admission, start and stop code uses.
@@ -101,23 +118,77 @@ class ClusterServer(AvatarServer):
         self.lost_after_s = lost_after_s
         self.spec_ref = self.ray.put(spec)
         self.host_class = self.ray.remote(CallHost)
+        self.warm = warm
         self.placed: list[RemoteCall] = []  # calls with an actor (placing or running)
         self.by_token: dict[str, RemoteCall] = {}
-        self._placing = 0
-        self._numbers: set[int] = set()  # call numbers in use, placing calls included
+        self.idle: list[Host] = []  # warm actors waiting for a page
+        self._warming: list[asyncio.Future[Host]] = []  # actors being placed and prepared
+        self._claiming = 0  # warming actors a page is already waiting for
+        self._numbers: set[int] = set()  # call numbers of running calls
 
     # -- capacity ------------------------------------------------------------------------------
 
     def free_slots(self) -> int:
-        """Slots a new call could take now: the cluster's free ones less those being placed.
+        """Slots of the cluster that no call or actor of this front holds or is about to."""
+        total = int(self.ray.cluster_resources().get(SLOT, 0))
+        mine = len(self.placed) + len(self.idle) + len(self._warming) + self._claiming
+        return total - mine
 
-        Ray's view of free resources trails placements by a moment, so the count of this
-        front's own calls bounds it too (slots of other fronts sharing the cluster still count
-        through Ray's view)."""
-        ray = self.ray
-        total = int(ray.cluster_resources().get(SLOT, 0))
-        free = int(ray.available_resources().get(SLOT, 0))
-        return min(free - self._placing, total - len(self.placed))
+    async def _prepare(self) -> Host:
+        """A new actor, placed (within ``place_timeout_s``) and with its networks loaded."""
+        actor = self.host_class.options(
+            resources={SLOT: 1},
+            num_cpus=0,  # slots decide where calls go; CPUs are left to batch rows
+            max_restarts=0,  # a call does not survive its process: the page is told instead
+            max_concurrency=64,
+            name=f"talkloop-call-{secrets.token_hex(6)}",
+            namespace=CALL_NAMESPACE,
+        ).remote(self.spec_ref)
+        try:
+            node = await asyncio.wait_for(actor.node.remote(), self.place_timeout_s)
+            await asyncio.wait_for(actor.prepare.remote(), OPEN_TIMEOUT_S)
+        except BaseException:
+            self.ray.kill(actor, no_restart=True)
+            raise
+        return Host(actor, node)
+
+    def _replenish(self) -> None:
+        """Keep ``warm`` actors placed and loaded while slots are free."""
+        while len(self.idle) + len(self._warming) < self.warm and self.free_slots() >= 1:
+            self._warm_one()
+
+    def _warm_one(self) -> None:
+        future = asyncio.ensure_future(self._prepare())
+        self._warming.append(future)
+        future.add_done_callback(self._warmed)
+
+    def _warmed(self, future: asyncio.Future) -> None:
+        if future not in self._warming:  # a page took it while it was warming
+            return
+        self._warming.remove(future)
+        if future.cancelled():
+            return
+        if future.exception() is not None:  # e.g. no node could take it: try again later
+            log.info("warm actor not ready: %r", future.exception())
+            asyncio.get_running_loop().call_later(5.0, self._replenish)
+            return
+        self.idle.append(future.result())
+
+    async def _take(self) -> Host | None:
+        """An actor for a new page: a warm one, the one warming first, or a new one; None
+        when every slot is taken."""
+        if self.idle:
+            return self.idle.pop(0)
+        if not self._warming:
+            if self.free_slots() < 1:
+                return None
+            self._warm_one()
+        future = self._warming.pop(0)
+        self._claiming += 1
+        try:
+            return await future
+        finally:
+            self._claiming -= 1
 
     # -- websocket -----------------------------------------------------------------------------
 
@@ -147,42 +218,50 @@ class ClusterServer(AvatarServer):
 
     async def _place(self, ws: ServerConnection, query: dict[str, list[str]]) -> None:
         ray = self.ray
-        if self.free_slots() < 1:
-            await self._busy(ws, "every call slot of the cluster is taken; try again later")
-            return
-        number = min(set(range(1, len(self._numbers) + 2)) - self._numbers)
-        self._numbers.add(number)
-        actor = self.host_class.options(
-            resources={SLOT: 1},
-            num_cpus=0,  # slots decide where calls go; CPUs are left to batch rows
-            max_restarts=0,  # a call does not survive its process: the page is told instead
-            max_concurrency=64,
-        ).remote(self.spec_ref, number)
-        self._placing += 1
-        try:
-            node = await asyncio.wait_for(actor.node.remote(), self.place_timeout_s)
-        except (TimeoutError, ray.exceptions.RayError) as err:
-            ray.kill(actor, no_restart=True)
-            self._numbers.discard(number)
-            log.info("call not placed: %r", err)
+        call = None
+        for _ in range(2):  # a warm actor whose node died meanwhile: once more, with another
+            try:
+                host = await self._take()
+            except ray.exceptions.RayTaskError as err:  # the networks would not load
+                log.warning("could not open a call: %s", err.cause)
+                with contextlib.suppress(ConnectionClosed):
+                    await ws.send(error("internal", f"could not open a session: {err.cause}"))
+                    await ws.close(1011, "session failed")
+                return
+            except (TimeoutError, ray.exceptions.RayError) as err:
+                log.info("call not placed: %r", err)
+                host = None
+            if host is None:
+                self._replenish()
+                await self._busy(ws, "every call slot of the cluster is taken; try again later")
+                return
+            number = min(set(range(1, len(self._numbers) + 2)) - self._numbers)
+            try:
+                await asyncio.wait_for(host.actor.start.remote(query, number), RELAY_TIMEOUT_S)
+            except (TimeoutError, ray.exceptions.RayError) as err:
+                log.info("warm actor on node %s lost: %r", host.node[:8], err)
+                ray.kill(host.actor, no_restart=True)
+                continue
+            self._numbers.add(number)
+            call = RemoteCall(host.actor, ws, number, host.node)
+            self.placed.append(call)
+            break
+        if call is None:
             await self._busy(ws, "no node could take the call now; try again later")
             return
-        finally:
-            self._placing -= 1
-        call = RemoteCall(actor, ws, number, node)
-        self.placed.append(call)
-        log.info("call %d placed on node %s (%d active)", number, node[:8], len(self.placed))
+        self._replenish()
+        log.info("call %d on node %s (%d active)", call.number, call.node[:8], len(self.placed))
         try:
-            await asyncio.wait_for(actor.open.remote(query), OPEN_TIMEOUT_S)
             pump = asyncio.get_running_loop().create_task(self._pump(call))
             call.tasks.append(pump)
-            await self._forward(ws, call, actor.page_messages.remote)
+            await self._forward(ws, call, call.actor.page_messages.remote)
         except ConnectionClosed:
             pass
         except (TimeoutError, ray.exceptions.RayError) as err:
             await self._lost(call, err)
         finally:
             await self._release(call)
+            self._replenish()
 
     async def _relay_agent(
         self, call: RemoteCall, ws: ServerConnection, query: dict[str, list[str]]
@@ -331,7 +410,18 @@ class ClusterServer(AvatarServer):
             await asyncio.sleep(0.05)
         for call in list(self.placed):
             self.ray.kill(call.actor, no_restart=True)
+        self.warm = 0
+        for future in self._warming:
+            future.cancel()  # _prepare kills its actor
+        for host in self.idle:
+            self.ray.kill(host.actor, no_restart=True)
+        self.idle.clear()
         await super().stop()
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
+        bound = await super().start(host, port, ssl_context)
+        self._replenish()
+        return bound
 
 
 def cluster_server(

@@ -201,6 +201,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         total = node["Resources"]
         t0 = time.monotonic()
         while True:
+            _stop_warm_actors(ray, node_id)
             free = ray._private.state.available_resources_per_node().get(node_id, {})
             busy = [k for k in (SLOT, "CPU") if free.get(k, 0) < total.get(k, 0)]
             if not busy:
@@ -212,6 +213,23 @@ def cmd_drain(args: argparse.Namespace) -> int:
             time.sleep(1.0)
     finally:
         ray.shutdown()
+
+
+def _stop_warm_actors(ray, node_id: str) -> None:
+    """Stop the call actors waiting for a page on ``node_id`` (a front keeps one warm while
+    slots are free): they hold a slot but no call, and the node would never be idle. A front
+    that hands one to a page just then places the page elsewhere."""
+    from pipeline.cluster.connect import CALL_NAMESPACE
+
+    for info in ray.util.list_named_actors(all_namespaces=True):
+        if info.get("namespace") != CALL_NAMESPACE:
+            continue
+        try:
+            actor = ray.get_actor(info["name"], namespace=CALL_NAMESPACE)
+            if ray.get(actor.idle_on.remote(), timeout=5) == node_id:
+                ray.kill(actor, no_restart=True)
+        except Exception:  # gone meanwhile, or busy: not a waiting actor
+            continue
 
 
 def _is_head(node: dict) -> bool:

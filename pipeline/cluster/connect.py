@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline.core.errors import ConfigError
 
 SLOT = "talkloop_slot"  # the custom resource: one live call per unit (talkloop worker --slots)
+CALL_NAMESPACE = "talkloop"  # the Ray namespace of call actors (named talkloop-call-<hex>)
 LOCAL_IP = "127.0.0.1"
 # A local instance needs a small object store: rows pass paths, calls pass messages.
 LOCAL_OBJECT_STORE_BYTES = 200 * 1024 * 1024

@@ -52,7 +52,7 @@ NODE = {
 }
 SIZE = 64
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", str(SIZE)]
-TINY += ["--steps", "2", "--memory-mb", "300", "--quiet"]
+TINY += ["--steps", "2", "--backend", "torch", "--memory-mb", "300", "--quiet"]
 
 
 def note(text: str) -> None:
@@ -169,8 +169,11 @@ async def page_call(url: str, hangup: asyncio.Event, mic: np.ndarray, log: dict)
             t.cancel()
 
 
-async def agent(url: str, token: str, log: dict, until: asyncio.Event, speech=None) -> None:
-    """An agent on the call's token; sends ``speech`` (PCM16 at real-time pace) if given."""
+async def agent(
+    url: str, token: str, log: dict, until: asyncio.Event, speech=None, speak=None
+) -> None:
+    """An agent on the call's token; sends ``speech`` (PCM16 at real-time pace) once ``speak``
+    is set, if given."""
     log.update(msgs=[])
     async with websockets.connect(f"{url}?token={token}&role=agent", max_size=2**20) as ws:
 
@@ -181,6 +184,7 @@ async def agent(url: str, token: str, log: dict, until: asyncio.Event, speech=No
         receiver = asyncio.ensure_future(receive())
         with contextlib.suppress(websockets.ConnectionClosed):
             if speech is not None:
+                await speak.wait()
                 fmt = {"type": "audio_format", "sample_rate": 16000, "channels": 1}
                 await ws.send(json.dumps(fmt))
                 log["speech_at"] = time.monotonic()
@@ -188,7 +192,10 @@ async def agent(url: str, token: str, log: dict, until: asyncio.Event, speech=No
                 for i in range(0, len(speech), block):
                     pcm = np.clip(speech[i : i + block], -1, 1) * 32767
                     await ws.send(pcm.astype("<i2").tobytes())
-                    await asyncio.sleep(0.02 * 0.9)  # a little ahead of playback, as agents do
+                    # 4x real time, ahead of playback as a TTS agent sends (examples/agent.py):
+                    # the relay through the front is one more hop, and a sender paced at
+                    # real time would leave no room for its delays
+                    await asyncio.sleep(0.02 / 4)
                 await ws.send(json.dumps({"type": "segment_end"}))
                 log["speech_sent_at"] = time.monotonic()
             done = asyncio.ensure_future(until.wait())
@@ -198,7 +205,9 @@ async def agent(url: str, token: str, log: dict, until: asyncio.Event, speech=No
 
 
 async def calls(cluster: Cluster, seconds: float, speech: np.ndarray) -> dict:
-    base = tiny_config(video={"width": SIZE, "height": SIZE}).model_dump(mode="json")
+    base = tiny_config(
+        video={"width": SIZE, "height": SIZE}, model={"backend": "torch"}
+    ).model_dump(mode="json")
     base.pop("schedule")
     config = build_config(**live_config_dict(base)).model_dump(mode="json")
     spec = HostSpec(
@@ -231,23 +240,25 @@ async def calls(cluster: Cluster, seconds: float, speech: np.ndarray) -> dict:
     third = asyncio.ensure_future(page_call(url, never, silence, c))  # both slots are taken
     await asyncio.wait_for(third, 10)
     out["third"] = c["msgs"]
-    stop_agents = asyncio.Event()
+    stop_agents, speak = asyncio.Event(), asyncio.Event()
     ag_a, ag_b = {}, {}
     t_ag_a = asyncio.ensure_future(agent(url, a["session"]["token"], ag_a, stop_agents))
     t_ag_b = asyncio.ensure_future(
-        agent(url, b["session"]["token"], ag_b, stop_agents, speech=speech[: 16000 * 3])
+        agent(url, b["session"]["token"], ag_b, stop_agents, speech[: 16000 * 3], speak)
     )
+    await asyncio.sleep(max(0.0, out["up_at"] + 6.0 - time.monotonic()))
+    victim = next(n for n in cluster.worker_nodes if n.node_id == out["nodes"]["a"])
+    out["kill_at"] = time.monotonic()
+    note("killing the first call's node")
+    cluster.remove_node(victim, allow_graceful=False)  # SIGKILL to the node's processes
+    await asyncio.sleep(2.0)
+    speak.set()  # the agent on the second node speaks, now the only call on the machine
     deadline = time.monotonic() + 30
     while not any(m["type"] == "playback_finished" for _, m in ag_b.get("msgs", [])):
         if time.monotonic() > deadline:
             break
         await asyncio.sleep(0.1)
-    await asyncio.sleep(max(0.0, out["up_at"] + seconds / 2 - time.monotonic()))
-    victim = next(n for n in cluster.worker_nodes if n.node_id == out["nodes"]["a"])
-    out["kill_at"] = time.monotonic()
-    note("killing the first call's node")
-    cluster.remove_node(victim, allow_graceful=False)  # SIGKILL to the node's processes
-    await asyncio.sleep(seconds / 2)
+    await asyncio.sleep(max(1.0, out["kill_at"] + seconds - time.monotonic()))
     out["hangup_at"] = time.monotonic()
     hangup.set()
     await asyncio.wait_for(asyncio.gather(t_a, t_b), 30)
@@ -301,4 +312,5 @@ def main() -> None:
     emit(result)
 
 
-main()
+if __name__ == "__main__":
+    main()
