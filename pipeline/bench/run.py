@@ -1,8 +1,8 @@
 """``talkloop bench``: ttff, rtf, fps and memory of our pipeline against a naive baseline.
 
 Each measured run is a separate process (``pipeline.bench.worker``) so its peak RSS is its own.
-The naive baseline uses the same networks and schedule but keeps every latent and frame until the
-end and encodes the mp4 last, as most open pipelines do.
+The naive baseline is our own pipeline made to keep everything: the same networks and schedule,
+but every latent and frame is kept until the end and the mp4 is encoded last.
 """
 
 from __future__ import annotations
