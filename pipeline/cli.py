@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.core.config import SIZE_RULES
 from pipeline.core.errors import ConfigError, TalkloopError
 
 EXIT_ERROR = 2
@@ -32,9 +33,14 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 SIZE_HELP = (
-    "512 or WxH, multiples of 32 from 64 to 1024 (default: the family's own size, studio "
-    "256x256, portrait 512x512). Other sizes run, but the weights were not trained for them: "
-    "expect a degraded, less animated face (a warning says so; README, Sizes)"
+    "512 or WxH ("
+    + "; ".join(
+        f"{family}: multiples of {r.step} from {r.low} to {r.high}"
+        for family, r in SIZE_RULES.items()
+    )
+    + "; default: the family's own size, studio 256x256, portrait 512x512). Other sizes run, but "
+    "the weights were not trained for them: expect a degraded, less animated face (a warning says "
+    "so; README, Sizes)"
 )
 
 
