@@ -47,6 +47,7 @@ from agent.protocol import AgentChannel, event_message
 from agent.session import MAX_QUEUED_SAYS
 from pipeline.core.config import TalkloopConfig
 from pipeline.core.errors import ConfigError, TalkloopError
+from pipeline.core.heap import release_free_memory
 from pipeline.core.pipeline import Pipeline
 from pipeline.outputs.sink import Sink
 from rtc.avatar import AVATAR_WAIT_S, decode_avatar
@@ -609,6 +610,8 @@ class AvatarServer:
                 with contextlib.suppress(Exception):
                     await ws.close()
         log.info("call %s closed (%d active)", slot.call.token[:6], len(self.calls))
+        # what the call freed goes back to the system instead of staying in the allocator's pools
+        await asyncio.get_running_loop().run_in_executor(self.executor, release_free_memory)
 
     # -- running -------------------------------------------------------------------------------
 
