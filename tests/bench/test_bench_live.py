@@ -20,8 +20,8 @@ def test_live_call_reports_latency_sync_and_memory(tmp_path: Path, capsys) -> No
     assert r["errors"] == []
     # Figures, not timings: how fast this machine is at the moment is not the test's business.
     assert r["video_frames"] > 0 and r["fps"] > 0 and r["codec"] == "H264"
-    assert r["frames_sent"] >= r["video_frames"]
-    assert set(r["glass_to_glass_ms"]) == {"p50", "p95", "max", "samples"}
+    assert r["frames_sent"] > 0  # from the last stats message (once a second)
+    assert set(r["glass_to_glass_ms"]) == {"p50", "p95", "max", "samples", "unreadable"}
     assert r["av_offset_ms"]["end"] is not None
     assert len(r["late_timeline"]) >= 2 and r["memory"] and r["peak_rss_mb"] > 50
 
