@@ -1,0 +1,189 @@
+"""A page call (silent microphone) and an agent on its token that sends ~3 s of speech ahead of
+playback (4x real time, as a TTS agent does): how late the speech starts and how far apart sound
+and picture are while it plays, from the server's `stats` and at the receiver.
+
+Prints RESULT with: ``start_delay_s`` (segment sent -> playback_started at the agent),
+``audible_delay_s`` (segment sent -> first loud audio frame at the page), ``stats_av_offset_ms``
+(the page's `stats` messages during and after the speech), ``rx_av_offsets_ms`` (receiver-side
+video minus audio offset per video frame received while the speech played, as call.py computes
+them) and the media time between the first loud audio frame and the agent's send.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+
+import numpy as np
+import websockets
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from pipeline.assets import HELLO_WAV
+from pipeline.audio.io import load_audio
+from rtc.client import WavMicrophone
+
+from common import emit, start_server, tiny_live_pipeline
+
+LOUD_RMS = 0.01
+
+
+async def page_call(url: str, hangup: asyncio.Event, log: dict) -> None:
+    """A scripted page with a silent microphone; records frames and messages with arrival times."""
+    log.update(video=[], video_pts=[], audio=[], audio_pts=[], audio_rms=[], msgs=[], session={})
+    pc = RTCPeerConnection()
+    pc.addTrack(WavMicrophone(np.zeros(16000 * 60, np.float32), 16000))
+    pc.addTransceiver("video", direction="recvonly")
+    tasks = []
+
+    async def read(track) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            now = time.monotonic()
+            if track.kind == "video":
+                log["video"].append(now)
+                log["video_pts"].append(int(frame.pts))
+            else:
+                log["audio"].append(now)
+                log["audio_pts"].append(int(frame.pts))
+                log["audio_rate"] = frame.sample_rate
+                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+                log["audio_rms"].append(float(np.sqrt(np.mean(pcm**2))))
+
+    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(read(track))))
+    try:
+        async with websockets.connect(url, max_size=2**20) as ws:
+            first = json.loads(await ws.recv())
+            log["msgs"].append([time.monotonic(), first])
+            if first.get("type") != "session":
+                return
+            log["session"] = first
+            await pc.setLocalDescription(await pc.createOffer())
+            await ws.send(json.dumps({"type": "offer", "sdp": pc.localDescription.sdp}))
+
+            async def receive() -> None:
+                async for raw in ws:
+                    msg = json.loads(raw)
+                    log["msgs"].append([time.monotonic(), msg])
+                    if msg["type"] == "answer":
+                        await pc.setRemoteDescription(RTCSessionDescription(msg["sdp"], "answer"))
+
+            receiver = asyncio.ensure_future(receive())
+            stop = asyncio.ensure_future(hangup.wait())
+            await asyncio.wait([receiver, stop], return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            receiver.cancel()
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await ws.send(json.dumps({"type": "bye"}))
+    finally:
+        await pc.close()
+        for t in tasks:
+            t.cancel()
+
+
+async def agent(url: str, token: str, speech: np.ndarray, rate: int, log: dict) -> None:
+    """Sends ``speech`` (PCM16 at ``rate``) at 4x real time, then segment_end; waits for the
+    segment to finish."""
+    log.update(msgs=[])
+    async with websockets.connect(f"{url}?token={token}&role=agent", max_size=2**20) as ws:
+
+        async def receive() -> None:
+            async for raw in ws:
+                msg = json.loads(raw)
+                log["msgs"].append([time.monotonic(), msg])
+                if msg.get("type") == "playback_finished":
+                    return
+
+        receiver = asyncio.ensure_future(receive())
+        await ws.send(json.dumps({"type": "audio_format", "sample_rate": rate, "channels": 1}))
+        log["speech_at"] = time.monotonic()
+        block = rate // 50  # 20 ms
+        for i in range(0, len(speech), block):
+            pcm = np.clip(speech[i : i + block], -1, 1) * 32767
+            await ws.send(pcm.astype("<i2").tobytes())
+            await asyncio.sleep(0.02 / 4)
+        await ws.send(json.dumps({"type": "segment_end"}))
+        log["speech_sent_at"] = time.monotonic()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(receiver, 30)
+        receiver.cancel()
+
+
+def rx_offsets_ms(page: dict, t0: float, t1: float) -> list[float]:
+    """Receiver-side A/V offset per video frame arriving in [t0, t1] (tests/rtc/scenarios/call.py):
+    both tracks leave at start + pts; each track's arrival minus media time, video minus audio."""
+    if not page["audio"] or not page["video"]:
+        return []
+    at, ap = np.array(page["audio"]), np.array(page["audio_pts"], dtype=np.float64)
+    vt, vp = np.array(page["video"]), np.array(page["video_pts"], dtype=np.float64)
+    a_off = at - (ap - ap[0]) / page["audio_rate"]
+    v_off = vt - (vp - vp[0]) / 90000
+    a_win = a_off[(at >= t0) & (at <= t1)]
+    v_win = v_off[(vt >= t0) & (vt <= t1)]
+    if not a_win.size or not v_win.size:
+        return []
+    return ((v_win - np.median(a_win)) * 1000).tolist()
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=int, default=16000, help="the agent's speech rate")
+    ap.add_argument("--speech-s", type=float, default=3.0)
+    ap.add_argument("--warm-s", type=float, default=3.0, help="call time before the agent speaks")
+    args = ap.parse_args()
+    pipeline = tiny_live_pipeline(128)
+    server, url = await start_server(pipeline)
+    speech = load_audio(HELLO_WAV, args.rate)
+    speech = np.tile(speech, int(np.ceil(args.speech_s * args.rate / len(speech))))
+    speech = speech[: int(args.speech_s * args.rate)]
+    page: dict = {}
+    ag: dict = {}
+    hangup = asyncio.Event()
+    t_page = asyncio.ensure_future(page_call(url, hangup, page))
+    deadline = time.monotonic() + 60
+    while not page.get("video"):
+        if time.monotonic() > deadline or t_page.done():
+            raise RuntimeError(f"call did not start: {page.get('msgs')}")
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(args.warm_s)
+    await agent(url, page["session"]["token"], speech, args.rate, ag)
+    await asyncio.sleep(1.5)
+    hangup.set()
+    await asyncio.wait_for(t_page, 30)
+    await server.stop()
+
+    sent = ag["speech_at"]
+    started = next((t for t, m in ag["msgs"] if m["type"] == "playback_started"), None)
+    finished = next((t for t, m in ag["msgs"] if m["type"] == "playback_finished"), None)
+    loud = [t for t, r in zip(page["audio"], page["audio_rms"], strict=True) if r > LOUD_RMS]
+    stats = [
+        [round(t - sent, 2), m.get("av_offset_ms"), m.get("late_frames"), m.get("rtf")]
+        for t, m in page["msgs"]
+        if m["type"] == "stats" and t >= sent - 1.0
+    ]
+    first_loud = loud[0] if loud else None
+    last_loud = loud[-1] if loud else None
+    rx = rx_offsets_ms(page, first_loud, last_loud) if loud else []
+    emit(
+        {
+            "start_delay_s": None if started is None else started - sent,
+            "finish_delay_s": None if finished is None else finished - sent,
+            "audible_delay_s": None if first_loud is None else first_loud - sent,
+            "audible_s": None if not loud else last_loud - first_loud,
+            "stats": stats,
+            "stats_av_offset_ms": [s[1] for s in stats],
+            "rx_av_offset_ms_median": float(np.median(rx)) if rx else None,
+            "rx_av_offset_ms_p90_abs": float(np.percentile(np.abs(rx), 90)) if rx else None,
+            "agent_msgs": [[round(t - sent, 3), m] for t, m in ag["msgs"]],
+            "frames": [len(page["video"]), len(page["audio"])],
+        }
+    )
+
+
+asyncio.run(main())
