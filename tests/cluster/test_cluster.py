@@ -79,13 +79,6 @@ def test_killing_a_node_ends_only_its_call_with_worker_lost(calls) -> None:
     assert 24.5 <= media <= 25.5 and arrival >= 20, (media, arrival)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (docs/scaling.md, Capacity and failures): on the 2-core CI machine at "
-    "load 12-18 the agent's speech started 2-4.7 s after it was sent through the front and the "
-    "sender's A/V offset reached 0.8-2 s (a single process: 0.5 s, <= 40 ms). strict: this test "
-    "fails as soon as the cluster path is lip-synced, so the marker comes off then",
-)
 def test_an_agent_on_the_second_node_speaks_lip_synced(calls) -> None:
     assert calls["nodes"]["b"] != calls["nodes"]["a"]
     agent = calls["agent_b"]
