@@ -247,15 +247,19 @@ def test_a_connected_agent_keeps_a_session_without_an_offer(pipeline) -> None:
 # -- start-up refusals -----------------------------------------------------------------------------
 
 
+# Non-loopback hosts below are RFC 5737 documentation addresses, only ever checked: nothing binds
+# them (check_exposure is pure; `served` replaces the server start).
+
+
 def test_exposure_needs_a_token_and_tls_unless_insecure() -> None:
     from pipeline.core.errors import ConfigError
 
     check_exposure("127.0.0.1", None, False, False)
     check_exposure("localhost", None, False, False)
-    check_exposure("0.0.0.0", None, False, True)
-    check_exposure("0.0.0.0", TOKEN, True, False)
+    check_exposure("203.0.113.7", None, False, True)
+    check_exposure("203.0.113.7", TOKEN, True, False)
     with pytest.raises(ConfigError, match=r"access token .* and TLS"):
-        check_exposure("0.0.0.0", None, False, False)
+        check_exposure("203.0.113.7", None, False, False)
     with pytest.raises(ConfigError, match="TLS") as err:
         check_exposure("192.168.1.5", TOKEN, False, False)
     assert "access token" not in str(err.value) and "--insecure" in str(err.value)
@@ -280,8 +284,8 @@ def served(monkeypatch):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--host", "0.0.0.0"], "needs an access token"),
-        (["--host", "0.0.0.0", "--access-token", TOKEN], "needs TLS"),
+        (["--host", "203.0.113.7"], "needs an access token"),
+        (["--host", "203.0.113.7", "--access-token", TOKEN], "needs TLS"),
         (["--access-token", "short"], "at least 16 characters"),
         (["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"], "no such file"),
         (["--tls-cert", "/nonexistent.pem"], "--tls-cert and --tls-key go together"),
@@ -301,11 +305,11 @@ def test_unsafe_or_bad_serving_flags_are_refused(capsys, served, flags, message)
 def test_serving_other_machines_with_token_and_tls(capsys, served, tmp_path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    flags = ["--host", "0.0.0.0", "--access-token-file", str(token_file)]
+    flags = ["--host", "203.0.113.7", "--access-token-file", str(token_file)]
     flags += ["--tls-self-signed", "myhost.lan,10.0.0.5", "--tls-dir", str(tmp_path / "tls")]
     flags += ["--allow-origin", "https://app.example", "--offer-timeout-s", "5"]
     assert main(["serve", *TINY, *flags]) == 0
-    assert main(["serve", *TINY, "--host", "0.0.0.0", "--insecure"]) == 0
+    assert main(["serve", *TINY, "--host", "203.0.113.7", "--insecure"]) == 0
     secure, insecure = served
     assert secure["access"].token == TOKEN and secure["ssl_context"] is not None
     assert secure["access"].allowed_origins == {"https://app.example"}
