@@ -175,6 +175,7 @@ class AvatarSession:
         self._pending: LiveFrame | None = None
         self._last_rgb = reference
         self.frames_sent = self.late_frames = self.dropped_frames = self.withheld_frames = 0
+        self.overrun_frames = 0
         self.video_lateness, self.audio_lateness = Lateness(), Lateness()
         self.driving_dropped_samples = 0
         self.error: BaseException | None = None
@@ -376,12 +377,19 @@ class AvatarSession:
         A frame that is not ready when due is replaced by the previous one (``late_frames``); a
         frame made from interrupted audio is too (``withheld_frames``). Frames that arrive after
         their time are dropped (``dropped_frames``). So slow generation costs video, never audio.
+        A caller that comes after the next frame was already due (a slow encoder, a busy event
+        loop) gets the frame due now, not the one after its last: the frame slots it missed are
+        counted (``overrun_frames``) and the video's lag cannot build up.
 
         Raises:
             SessionClosedError: the session was closed.
         """
         await self._wait_started()
         j = self._video_next
+        now = self.clock.now()
+        while self.media.due(self.info.frame_pts(j + 1)) <= now:
+            j += 1
+            self.overrun_frames += 1
         pts = self.info.frame_pts(j)
         due = self.media.due(pts)
         await self.clock.sleep_until(due)
@@ -452,6 +460,7 @@ class AvatarSession:
             "late_frames": self.late_frames,
             "dropped_frames": self.dropped_frames + self.frames.dropped_frames,
             "withheld_frames": self.withheld_frames,
+            "overrun_frames": self.overrun_frames,
             "skipped_frames": s.skipped_frames,
             "frames_generated": s.frames,
             "rtf": round(s.generate_seconds / media, 3) if s.frames else None,

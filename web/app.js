@@ -172,7 +172,7 @@ async function showStats(s) {
   $("s-rtf").textContent = s.rtf ?? "–";
   const rt = s.runtime;  // e.g. onnxruntime, float32, decoder in int8
   $("s-backend").textContent = rt ? `${rt.backend} ${rt.dtype}${rt.int8.length ? " + int8" : ""}` : "–";
-  $("s-dropped").textContent = (s.dropped_frames ?? 0) + (s.late_frames ?? 0);
+  $("s-dropped").textContent = (s.dropped_frames ?? 0) + (s.late_frames ?? 0) + (s.overrun_frames ?? 0);
   let delay = s.playout_delay_ms;
   if (call.pc) {
     const report = await call.pc.getStats();

@@ -103,6 +103,9 @@ async def measure(spec: dict) -> dict:
         "late_frames": last.get("late_frames"),
         "dropped_frames": last.get("dropped_frames"),
         "skipped_frames": last.get("skipped_frames"),
+        # frame slots the sender missed because it came after the next frame was due (encoder or
+        # event loop behind); it then sends the frame due now, so this costs frames, not lag
+        "overrun_frames": last.get("overrun_frames"),
         # Cumulative late frames at every stats message (one a second): when they happened.
         "late_timeline": [s.get("late_frames") for s in result.stats],
         "mic_backlog_ms": [s.get("mic_backlog_ms") for s in result.stats],

@@ -219,7 +219,8 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         print(f"runtime: backend={rt['backend']} dtype={rt['dtype']} int8={rt['int8'] or 'none'}")
     print(
         f"fps {r['fps']:.2f}  codec {r['codec']}  late {r['late_frames']} of {r['frames_sent']} "
-        f"sent  dropped {r['dropped_frames']}  skipped {r['skipped_frames']}  rtf {r['rtf']}"
+        f"sent  dropped {r['dropped_frames']}  overrun {r.get('overrun_frames')}  "
+        f"skipped {r['skipped_frames']}  rtf {r['rtf']}"
     )
     print(
         f"av_offset_ms end {_fmt(a['end'])}  max |.| {_fmt(a['max_abs'])}  trend "

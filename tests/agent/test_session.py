@@ -93,6 +93,7 @@ def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeli
     assert [f.pts for _, f in video] == [OUT // 25 * f.index for _, f in video]
     assert [f.pts for _, f in audio] == [960 * k for k in range(len(audio))]
     assert not any(f.held for _, f in video)  # generation kept up: no repeated frames
+    assert avatar.overrun_frames == 0
     # the same audio comes back at full band: the segment's samples, in order, from playout;
     # at 48 kHz untouched, from other rates resampled once
     seg = [f for _, f in audio if f.segment_id == 0]
@@ -114,6 +115,34 @@ def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeli
     # it was pushed at once but played in real time: finished ~1.5 s of media later
     t_finished = out[last_seg + 1][0]
     assert t_finished - pushed_at == pytest.approx(0.4 + 1.5, abs=0.03)
+
+
+def test_a_video_sender_that_falls_behind_skips_to_the_frame_due_now(live_pipeline) -> None:
+    """An encoder slower than the frame rate (an overloaded machine) must not build up lag: each
+    call returns the frame due at that moment, and the frame slots it missed are counted."""
+
+    async def body():
+        avatar, clock = open_session(live_pipeline)
+        avatar.start()
+        avatar.push_audio(pcm(speech_like(3.0, RATE), RATE))
+        await advance(avatar, clock, 0.5)
+        got = []
+        for _ in range(25):
+            got.append((clock.now(), await avatar.next_video()))
+            await advance(avatar, clock, 0.1)  # 100 ms per frame: 2.5 frame times
+        await avatar.close()
+        return avatar, got
+
+    avatar, got = run(body())
+    frame_s = 1 / avatar.info.fps
+    late = [t - avatar.media.due(avatar.info.frame_pts(f.index)) for t, f in got]
+    assert all(0 <= x < frame_s for x in late), late  # never more than a frame behind
+    indices = [f.index for _, f in got]
+    assert all(b - a in (2, 3) for a, b in zip(indices, indices[1:], strict=False)), indices
+    assert avatar.frames_sent == len(got)
+    # every frame slot from the first was either sent or counted as missed
+    assert avatar.overrun_frames == indices[-1] + 1 - len(got)
+    assert avatar.stats()["overrun_frames"] == avatar.overrun_frames
 
 
 def test_interrupt_reports_the_played_position_and_emits_nothing_of_the_segment(
