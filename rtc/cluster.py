@@ -42,7 +42,7 @@ from rtc.call_host import CallHost, HostSpec
 from rtc.ice import IceConfig
 from rtc.protocol import error
 from rtc.security import OFFER_TIMEOUT_S, AccessPolicy
-from rtc.server import WEB_DIR, AvatarServer
+from rtc.server import WEB_DIR, AvatarServer, refuse_unless_agent
 
 log = logging.getLogger("talkloop.cluster")
 
@@ -200,14 +200,7 @@ class ClusterServer(AvatarServer):
         if call is None or call.lost:
             await super()._route(ws, query)  # no call of ours here: bad_token, as ever
             return
-        if query.get("role", [""])[0] != "agent":
-            await ws.send(
-                error(
-                    "not_supported",
-                    "joining a running session is only supported for agents (role=agent)",
-                )
-            )
-            await ws.close(4400, "not supported")
+        if await refuse_unless_agent(ws, query):
             return
         await self._relay_agent(call, ws, query)
 

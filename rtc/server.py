@@ -98,6 +98,20 @@ def client_address(ws: ServerConnection) -> str:
     return str(peer[0]) if peer else "?"
 
 
+async def refuse_unless_agent(ws: ServerConnection, query: dict[str, list[str]]) -> bool:
+    """Only an agent (``role=agent``) may join a running call by its token: anything else is
+    told so and closed. True when it was refused."""
+    if query.get("role", [""])[0] == "agent":
+        return False
+    await ws.send(
+        error(
+            "not_supported", "joining a running session is only supported for agents (role=agent)"
+        )
+    )
+    await ws.close(4400, "not supported")
+    return True
+
+
 def session_token() -> str:
     """A new session token: 32 hex digits (128 random bits).
 
@@ -280,14 +294,7 @@ class AvatarServer:
                 )
                 await ws.close(4401, "unknown session token")
                 return
-            if query.get("role", [""])[0] != "agent":
-                await ws.send(
-                    error(
-                        "not_supported",
-                        "joining a running session is only supported for agents (role=agent)",
-                    )
-                )
-                await ws.close(4400, "not supported")
+            if await refuse_unless_agent(ws, query):
                 return
             await self._agent(self.calls[token], ws)
             return
