@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -191,6 +193,25 @@ async def run_call(
     for t in tasks:
         t.cancel()
     return result
+
+
+def wait_serving(base_url: str, server: subprocess.Popen, timeout: float) -> float:
+    """Wait until a ``talkloop serve`` process answers ``base_url``/healthz; the seconds it took.
+
+    Raises:
+        RuntimeError: the process exited first, or ``timeout`` passed.
+    """
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if server.poll() is not None:
+            raise RuntimeError(f"talkloop serve exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base_url}/healthz", timeout=2) as reply:
+                if reply.status == 200:
+                    return time.monotonic() - t0
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"talkloop serve did not answer {base_url} within {timeout:g} s")
 
 
 def negotiated_video_codec(sdp: str) -> str:

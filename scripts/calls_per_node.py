@@ -23,26 +23,14 @@ import argparse
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rtc.client import wait_serving  # noqa: E402
+
 HOST = "127.0.0.2"
-
-
-def wait_healthy(url: str, server: subprocess.Popen, timeout: float = 300) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if server.poll() is not None:
-            raise RuntimeError(f"talkloop serve exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"talkloop serve did not answer within {timeout:g} s")
 
 
 def one_call(data: dict) -> dict:
@@ -72,7 +60,7 @@ def run(n: int, seconds: float, family: list[str], out: Path) -> dict:
     log = open(out / f"serve-{n}.log", "w")  # noqa: SIM115 (open for the server's lifetime)
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_healthy(f"http://{HOST}:{port}", server)
+        wait_serving(f"http://{HOST}:{port}", server, timeout=300)
         url = f"ws://{HOST}:{port}/ws"
         files = [out / f"call-{n}-{i}.json" for i in range(n)]
         clients = [

@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.cluster.connect import token_auth_env  # noqa: E402
-from rtc.client import run_call  # noqa: E402
+from rtc.client import run_call, wait_serving  # noqa: E402
 
 HEAD, WORKER, FRONT = "127.0.0.1", "127.0.0.2", "127.0.0.2"
 GCS_PORT, FRONT_PORT = 6390, 8091
@@ -46,21 +45,6 @@ def talkloop(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     if proc.returncode != 0:
         raise RuntimeError(f"talkloop {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
-
-
-def wait_healthy(url: str, front: subprocess.Popen, timeout: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if front.poll() is not None:
-            raise RuntimeError(f"the front exited with {front.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/healthz", timeout=2) as reply:
-                if reply.status == 200:
-                    return time.monotonic() - t0
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"the front did not answer /healthz within {timeout:g} s")
 
 
 def slot_nodes() -> dict[str, float]:
@@ -96,7 +80,7 @@ def main() -> None:
             cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         base = f"http://{FRONT}:{FRONT_PORT}"
-        result["front_ready_s"] = wait_healthy(base, front, timeout=120)
+        result["front_ready_s"] = wait_serving(base, front, timeout=120)
         note("front up; calling")
         mic = np.zeros(16000 * int(args.seconds + 5), np.float32)
         call = asyncio.run(run_call(f"ws://{FRONT}:{FRONT_PORT}/ws", args.seconds, mic=mic))
