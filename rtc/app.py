@@ -118,6 +118,10 @@ async def serve_forever(
         await stop.wait()
     finally:
         await server.stop()
+        if cluster is not None:  # leave Ray now, not in its exit hook (which sets status 1)
+            from pipeline.cluster.connect import disconnect
+
+            await asyncio.to_thread(disconnect)
         print("talkloop: stopped", flush=True)
 
 
