@@ -464,6 +464,8 @@ class AvatarSession:
             "skipped_frames": s.skipped_frames,
             "frames_generated": s.frames,
             "rtf": round(s.generate_seconds / media, 3) if s.frames else None,
+            # where the generation time goes: seconds per second of video, per "phase/stage"
+            "stage_rtf": {k: round(v, 3) for k, v in s.stage_rtf(self.info.fps).items()},
             # what computes the frames: {"backend", "dtype", "int8"} (pipeline/backends/report.py)
             "runtime": describe(self.pipeline.modules, self.pipeline.config.model.compute_dtype),
             "playout_delay_ms": round(self.playout_s * 1000),

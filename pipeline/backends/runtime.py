@@ -39,10 +39,26 @@ class Runner(Protocol):
     def __call__(self, inputs: Sequence[np.ndarray]) -> np.ndarray: ...
 
 
-def _threads() -> int:
-    # The same intra-op thread count as torch, so a backend never oversubscribes the cores the
-    # family left to the video encoder.
-    return max(1, torch.get_num_threads())
+_graph_threads: int | None = None
+
+
+def graph_threads() -> int:
+    """Intra-op threads of every exported graph in this process: torch's thread count when the
+    first graph was loaded (or what :func:`set_graph_threads` gave), fixed from then on, so a
+    family that then narrows torch to one thread for its glue (studio: ``use_backend``) does
+    not narrow its graphs, and no graph oversubscribes the cores torch was given."""
+    global _graph_threads
+    if _graph_threads is None:
+        _graph_threads = max(1, torch.get_num_threads())
+    return _graph_threads
+
+
+def set_graph_threads(threads: int) -> None:
+    """Fix the exported graphs' thread count (before their runners are made)."""
+    global _graph_threads
+    if threads < 1:
+        raise ConfigError(f"graph threads must be >= 1, got {threads}")
+    _graph_threads = threads
 
 
 class OrtRunner:
@@ -52,7 +68,7 @@ class OrtRunner:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
-        so.intra_op_num_threads = _threads()
+        so.intra_op_num_threads = graph_threads()
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -77,7 +93,7 @@ class OvRunner:
             core.read_model(str(path)),
             "CPU",
             {
-                "INFERENCE_NUM_THREADS": _threads(),
+                "INFERENCE_NUM_THREADS": graph_threads(),
                 "PERFORMANCE_HINT": "LATENCY",
                 # f32 activations everywhere but the int8-quantised convolutions: OpenVINO
                 # would otherwise pick bf16 on CPUs that have it, below the numerics we test.

@@ -110,6 +110,7 @@ async def measure(spec: dict) -> dict:
         "late_timeline": [s.get("late_frames") for s in result.stats],
         "mic_backlog_ms": [s.get("mic_backlog_ms") for s in result.stats],
         "rtf": last.get("rtf"),
+        "stage_rtf": last.get("stage_rtf") or {},  # where the server's generation time goes
         "runtime": last.get("runtime"),  # the server's backend, dtype and int8 networks
         "peak_rss_mb": float(mem[:, 1].max()) if mem.size else None,
         # RSS growth in the first WARMUP_S of the call, then the slope of the rest

@@ -222,6 +222,7 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         f"sent  dropped {r['dropped_frames']}  overrun {r.get('overrun_frames')}  "
         f"skipped {r['skipped_frames']}  rtf {r['rtf']}"
     )
+    print(where_the_time_goes(f"{r['seconds']:g} s call", r["stage_rtf"]))
     print(
         f"av_offset_ms end {_fmt(a['end'])}  max |.| {_fmt(a['max_abs'])}  trend "
         f"{_fmt(a['trend_ms_per_min'], ' ms/min')}"
@@ -262,11 +263,15 @@ def print_table(result: dict) -> None:
         )
     for r in result["runs"]:
         if r["mode"] == "ours":
-            top = sorted(r["stage_rtf"].items(), key=lambda kv: -kv[1])[:6]
-            print(
-                f"where the time goes ({r['seconds']:g} s, seconds per second of video): "
-                + ", ".join(f"{k} {v:.3f}" for k, v in top)
-            )
+            print(where_the_time_goes(f"{r['seconds']:g} s", r["stage_rtf"]))
+
+
+def where_the_time_goes(what: str, stage_rtf: dict[str, float]) -> str:
+    """The six costliest stages of a run, in seconds per second of video."""
+    top = sorted(stage_rtf.items(), key=lambda kv: -kv[1])[:6]
+    return f"where the time goes ({what}, seconds per second of video): " + ", ".join(
+        f"{k} {v:.3f}" for k, v in top
+    )
 
 
 def _fmt(value: float | None, unit: str = "") -> str:

@@ -174,7 +174,7 @@ def run(spec: dict) -> dict:
         session.render(looped_speech(rate, seconds))
         wall = time.perf_counter() - t0
         frames = session.stats.frames
-        stage_seconds = dict(session.stats.stage_seconds)
+        stage_rtf = session.stats.stage_rtf(config.video.fps)
     media = frames / config.video.fps
     return {
         "mode": mode,
@@ -188,7 +188,7 @@ def run(spec: dict) -> dict:
         "runtime": runtime,
         # Where the time goes: seconds of each "phase/stage" per second of video (their sum is
         # at most rtf). On CUDA a stage's figure is its launches plus any wait it causes.
-        "stage_rtf": {k: v / media for k, v in sorted(stage_seconds.items())},
+        "stage_rtf": stage_rtf,
         # RSS growth in the first WARMUP_S of video, then the slope of the rest (bench/memory.py)
         **memory_trend(probe.samples),
         "samples": probe.samples,

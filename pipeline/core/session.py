@@ -45,6 +45,12 @@ class SessionStats:
             return None
         return (self.first_frame_at - self.first_audio_at) * 1000.0
 
+    def stage_rtf(self, fps: float) -> dict[str, float]:
+        """Where the time goes: seconds of each "phase/stage" per second of video published
+        (their sum is at most the rtf). Safe to call from another thread than the loop's."""
+        media = max(self.frames / fps, 1e-9)
+        return {k: v / media for k, v in sorted(dict(self.stage_seconds).items())}
+
 
 class Session:
     """One avatar stream. Not created directly: use ``Pipeline.open_session``.

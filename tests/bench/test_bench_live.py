@@ -24,6 +24,13 @@ def test_live_call_reports_latency_sync_and_memory(tmp_path: Path, capsys) -> No
     assert set(r["glass_to_glass_ms"]) == {"p50", "p95", "max", "samples", "unreadable"}
     assert r["av_offset_ms"]["end"] is not None
     assert len(r["late_timeline"]) >= 2 and r["memory"] and r["peak_rss_mb"] > 50
+    # where the server's generation time went, as the offline bench reports it
+    stages = r["stage_rtf"]
+    assert "publish/decode" in stages and "n_chunk/a2v" in stages, stages
+    assert (
+        all(v >= 0 for v in stages.values()) and sum(stages.values()) <= r["rtf"] * 1.01 + 0.005
+    )  # rounded
+    assert "where the time goes (4 s call" in capsys.readouterr().out
 
 
 @pytest.mark.e2e

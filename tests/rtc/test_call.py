@@ -81,15 +81,19 @@ def test_mouth_moves_with_speech_and_rests_in_silence() -> None:
 
     if installed_weights() is None:
         pytest.skip("needs the trained default weights (issue 3): random weights draw no mouth")
-    from pipeline.core.config import native_bf16
-
-    if not native_bf16("cpu"):
-        # On the 2-core AMD EPYC with AVX2 the studio family does not keep up in a live call
-        # yet, with the exported backends either (--backend auto: onnxruntime, int8 decoder;
-        # in-server rtf 2.6 to 12 seen while the machine was shared, not yet measured quiet):
-        # the client mostly sees the rest frame repeated, so the mouth cannot be judged.
-        pytest.skip("the studio avatar keeps up in a live call only on a CPU with native bf16")
     r = run_in_netns("mouth.py", timeout=600)
+    late = r["late_frames"] / max(r["frames_sent"], 1)
+    if late > 0.5:
+        # Speed is the bench's business (talkloop bench --live), not this test's. Where the
+        # server falls far behind (a VM whose host is busy: seen with both cores taken by
+        # another job, 96 % late), the client sees stale speech frames in the silence and the
+        # mouth cannot be judged. On CI's 2-core AVX2 machine the call keeps up (seen: 0 late
+        # frames at in-server rtf 0.86), and the assertions still held with a busy loop taking
+        # 90 % of one core (rtf 1.32, 62 % late).
+        pytest.skip(
+            f"the server fell behind in this call ({late:.0%} of frames late, in-server rtf "
+            f"{r['rtf']}): this machine is too busy right now to judge the mouth"
+        )
     assert r["speech_frames"] > 50 and r["silence_frames"] > 50  # both phases reached the client
     # Mouth opening read from the received frames (0 closed, ~1 wide open): it opens and moves
     # with speech (seen: mean 0.25, std 0.13) and stays closed in silence (median 0.06).

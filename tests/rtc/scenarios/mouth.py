@@ -72,7 +72,9 @@ async def main() -> None:
             "silence_open_mean": float(opening[silence_frames].mean()),
             "silence_open_median": float(np.median(opening[silence_frames])),
             "frames_generated": stats.get("frames_generated"),
+            "frames_sent": stats.get("frames_sent"),
             "late_frames": stats.get("late_frames"),
+            "rtf": stats.get("rtf"),
         }
     )
 
