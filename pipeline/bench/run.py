@@ -187,10 +187,11 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         "cycles": args.cycles,
     }
     where = "a private network namespace" if netns else "this host's network"
+    steps = cfg["sampler"]["steps"]
+    i_steps = f"/{cfg['sampler']['i_steps']}" if cfg["schedule"]["i_len"] else " (no I chunks)"
     print(
         f"talkloop bench --live: {args.seconds:g} s call, family={config.model.family}, "
-        f"preset={config.model.preset}, "
-        f"schedule={cfg['schedule']}, steps={cfg['sampler']['steps']}/{cfg['sampler']['i_steps']}, "
+        f"preset={config.model.preset}, schedule={cfg['schedule']}, steps={steps}{i_steps}, "
         f"in {where}",
         flush=True,
     )
