@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import av
 import numpy as np
@@ -23,6 +23,9 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
 from rtc.tracks import read_stamp
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 class WavMicrophone(MediaStreamTrack):

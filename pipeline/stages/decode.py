@@ -12,8 +12,8 @@ from pipeline.core.stage import Stage, StageContext
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """(T, 3, H, W) in [-1, 1] -> (T, H, W, 3) uint8.
 
-    Transposed once into a fresh buffer, then scaled in place: a quarter of the time of one
-    new tensor per operation (live chunks run it on every 5 frames, next to the encoder).
+    Transposed once into a fresh buffer, then scaled in place: about a third of the time of a
+    new tensor per operation (0.9 against 2.5 ms for 5 frames at 256x256 on 2 AVX2 cores).
     """
     t, c, h, w = images.shape
     x = torch.empty((t, h, w, c), dtype=torch.float32)

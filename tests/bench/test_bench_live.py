@@ -27,9 +27,8 @@ def test_live_call_reports_latency_sync_and_memory(tmp_path: Path, capsys) -> No
     # where the server's generation time went, as the offline bench reports it
     stages = r["stage_rtf"]
     assert "publish/decode" in stages and "n_chunk/a2v" in stages, stages
-    assert (
-        all(v >= 0 for v in stages.values()) and sum(stages.values()) <= r["rtf"] * 1.01 + 0.005
-    )  # rounded
+    assert all(v >= 0 for v in stages.values())
+    assert sum(stages.values()) <= r["rtf"] * 1.01 + 0.005  # both rounded to 3 decimals
     assert "where the time goes (4 s call" in capsys.readouterr().out
 
 

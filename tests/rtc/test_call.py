@@ -82,14 +82,14 @@ def test_mouth_moves_with_speech_and_rests_in_silence() -> None:
     if installed_weights() is None:
         pytest.skip("needs the trained default weights (issue 3): random weights draw no mouth")
     r = run_in_netns("mouth.py", timeout=600)
-    late = r["late_frames"] / max(r["frames_sent"], 1)
+    late = (r["late_frames"] or 0) / max(r["frames_sent"] or 0, 1)  # None: no stats came
     if late > 0.5:
         # Speed is the bench's business (talkloop bench --live), not this test's. Where the
         # server falls far behind (a VM whose host is busy: seen with both cores taken by
         # another job, 96 % late), the client sees stale speech frames in the silence and the
         # mouth cannot be judged. On CI's 2-core AVX2 machine the call keeps up (seen: 0 late
-        # frames at in-server rtf 0.86), and the assertions still held with a busy loop taking
-        # 90 % of one core (rtf 1.32, 62 % late).
+        # frames at in-server rtf 0.58), and the assertions still held with a busy loop taking
+        # 90 % or all of one core (rtf 0.95-0.97, up to 13 % late).
         pytest.skip(
             f"the server fell behind in this call ({late:.0%} of frames late, in-server rtf "
             f"{r['rtf']}): this machine is too busy right now to judge the mouth"
