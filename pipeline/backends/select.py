@@ -1,10 +1,10 @@
 """``--backend auto``: time the available backends on this machine once, cache the winner.
 
-The timed work is a family's own probe (for studio: one decoder micro-batch and one A2V step at
-the default schedule's shapes), min of several runs, so a busy neighbour on a shared machine
-costs a slower pick at worst, never a wrong result. The choice is cached in
-``<cache>/auto-<key>.json``, keyed by the CPU model and flags, the library versions and the
-weights, and reused by every later process.
+The timed work is a family's own probe (for studio: the networks' work for one N chunk of the
+config's schedule), min of several runs, so a busy neighbour on a shared machine costs a slower
+pick at worst, never a wrong result. The choice is cached in ``<cache>/auto-<key>.json``, keyed by
+the CPU model and flags, the library versions and the family's ``identity`` (for studio: its
+weights and the probe's shapes), and reused by every later process.
 """
 
 from __future__ import annotations

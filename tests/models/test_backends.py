@@ -152,3 +152,26 @@ def test_exported_graphs_match_torch_at_any_frame_count(backend, cache, randomis
             )
     assert len(a2v_graph.text.runners) == len(sr_graph.runners) == len(mouth_graph.runners) == 1
     assert len(list(cache.glob("sr-fp32-*.onnx"))) == 1
+
+
+@pytest.mark.skipif(not EXPORTED, reason="needs onnxruntime or openvino")
+def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
+    """A live server (short chunks) and an offline render of the same weights each rank the
+    backends on their own chunk's work, once: the ranking differs between the two."""
+    from pipeline.models.registry import load_modules
+    from pipeline.models.studio.backend import probe_shapes
+
+    from support import tiny_config
+
+    offline = tiny_config(model={"backend": "auto"})
+    live = tiny_config(model={"backend": "auto"}, schedule={"n_len": 4}, sampler={"steps": 1})
+    assert probe_shapes(offline) != probe_shapes(live)
+    load_modules(offline)
+    assert len(list(cache.glob("auto-*.json"))) == 1
+    load_modules(live)
+    load_modules(offline)
+    saved = sorted(cache.glob("auto-*.json"))
+    assert len(saved) == 2
+    for path in saved:
+        probe_s = json.loads(path.read_text())["probe_s"]
+        assert set(probe_s) == set(available_backends()) and all(t > 0 for t in probe_s.values())

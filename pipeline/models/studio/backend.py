@@ -121,16 +121,8 @@ def attach_backend(nets: dict[str, nn.Module], backend: str) -> None:
     vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
     vae.decoder.forward = _decoder_forward(vae, backend)  # type: ignore[method-assign]
     nets["a2v"].forward = A2VForward(nets["a2v"], backend)  # type: ignore[method-assign]
-    nets["sr"].forward = GraphForward(  # type: ignore[method-assign]
-        backend, "studio-sr", _ClassForward(nets["sr"]), ("z_lr", "ref_hr"), dynamic={"z_lr": (0,)}
-    )
-    nets["mouth"].forward = GraphForward(  # type: ignore[method-assign]
-        backend,
-        "studio-mouth",
-        _ClassForward(nets["mouth"]),
-        ("z", "audio"),
-        dynamic={"z": (0,), "audio": (0,)},
-    )
+    nets["sr"].forward = _sr_forward(nets["sr"], backend)  # type: ignore[method-assign]
+    nets["mouth"].forward = _mouth_forward(nets["mouth"], backend)  # type: ignore[method-assign]
 
 
 def warm_up(nets: dict[str, nn.Module], config: TalkloopConfig) -> None:
@@ -155,10 +147,23 @@ def warm_up(nets: dict[str, nn.Module], config: TalkloopConfig) -> None:
     nets["mouth"].forward.runner([torch.zeros(s.n_len, c, h, w), audio[0, : s.n_len]])
 
 
+def probe_shapes(config: TalkloopConfig) -> str:
+    """What :func:`_probes` times, as part of the ``auto`` cache key: the frame size and the N
+    chunk (frames, context, Euler steps). Backends rank differently at live and offline shapes:
+    at 5-frame live chunks onnxruntime ran a call 0.1 s per second of video faster than
+    openvino (its mouth net 10 against 15 ms a chunk), which won at 24-frame offline chunks."""
+    s = config.schedule
+    return (
+        f"{config.video.width}x{config.video.height}:n{s.n_len}:c{s.ctx_len}"
+        f":s{config.sampler.steps}"
+    )
+
+
 def _probes(nets: dict[str, nn.Module], config: TalkloopConfig):
-    """``make_probes`` for :func:`pipeline.backends.select.resolve_backend`: one decoder
-    micro-batch and one A2V step at ``config``'s shapes (those :func:`warm_up` compiles), on
-    fixed inputs."""
+    """``make_probes`` for :func:`pipeline.backends.select.resolve_backend`: the networks' work
+    for one N chunk of ``config``'s schedule (the graphs :func:`warm_up` compiles) on fixed
+    inputs: the sampler's A2V steps, SR and the mouth net over the chunk's frames, and the
+    decoder over them in its micro-batches."""
     import contextlib
     import copy
 
@@ -170,48 +175,74 @@ def _probes(nets: dict[str, nn.Module], config: TalkloopConfig):
     c, k = vae.cfg.latent_channels, vae.cfg.cache_frames
     h, w = config.video.height // 8, config.video.width // 8  # high-res latent grid
     s = config.schedule
-    x_dec = torch.randn(micro_batch(s.n_len, vae.cfg.decode_batch), c * (k + 1), h, w, generator=g)
-    f = s.ctx_len + s.n_len
+    n = s.n_len
+    x_dec = torch.randn(micro_batch(n, vae.cfg.decode_batch), c * (k + 1), h, w, generator=g)
+    decoder_calls = n // x_dec.shape[0]
+    f = s.ctx_len + n
+    audio_dim = nets["a2v"].cfg.audio_dim
     a2v_in = (
         torch.randn(1, f, c, h // 2, w // 2, generator=g),
         torch.rand(1, f, generator=g),
         torch.arange(f, dtype=torch.float32)[None] - s.ctx_len,
         torch.randn(1, c, h // 2, w // 2, generator=g),
-        torch.randn(1, f, nets["a2v"].cfg.audio_dim, generator=g),
+        torch.randn(1, f, audio_dim, generator=g),
         torch.randn(1, nets["a2v"].cfg.text_dim, generator=g),
     )
+    sr_in = (torch.randn(n, c, h // 2, w // 2, generator=g), torch.randn(1, c, h, w, generator=g))
+    mouth_in = (torch.randn(n, c, h, w, generator=g), torch.randn(n, audio_dim, generator=g))
+    steps = config.sampler.steps
 
     def make(candidates: tuple[str, ...]) -> dict:
         probes = {}
         for name in candidates:
             if name == "torch":
-                dec, a2v = vae.decoder, nets["a2v"]
+                fwd = {n_: nets[n_] for n_ in ("a2v", "sr", "mouth")}
+                dec = vae.decoder
                 ctx = (
                     (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
                     if autocast_bf16
                     else contextlib.nullcontext
                 )
-                x_cl = x_dec.contiguous(memory_format=torch.channels_last)
-
-                def run(dec=dec, a2v=a2v, ctx=ctx, x_cl=x_cl) -> None:
-                    with torch.inference_mode(), ctx():
-                        dec(x_cl)
-                        a2v(*a2v_in)
+                x = x_dec.contiguous(memory_format=torch.channels_last)
             else:
-                probe_nets = {n: copy.deepcopy(nets[n]).float() for n in ("vae", "a2v")}
-                probe_nets.update(sr=nets["sr"], mouth=nets["mouth"])
-                decoder = _decoder_forward(probe_nets["vae"], name)  # type: ignore[arg-type]
-                a2v_fwd = A2VForward(probe_nets["a2v"], name)  # type: ignore[arg-type]
+                probe_nets = {n_: copy.deepcopy(nets[n_]).float() for n_ in ("vae", "a2v")}
+                dec = _decoder_forward(probe_nets["vae"], name)  # type: ignore[arg-type]
+                fwd = {
+                    "a2v": A2VForward(probe_nets["a2v"], name),  # type: ignore[arg-type]
+                    "sr": _sr_forward(nets["sr"], name),
+                    "mouth": _mouth_forward(nets["mouth"], name),
+                }
+                ctx, x = contextlib.nullcontext, x_dec
 
-                def run(decoder=decoder, a2v_fwd=a2v_fwd) -> None:
-                    with torch.inference_mode():
-                        decoder(x_dec)
-                        a2v_fwd(*a2v_in)
+            def run(dec=dec, fwd=fwd, ctx=ctx, x=x) -> None:
+                with torch.inference_mode(), ctx():
+                    for _ in range(steps):
+                        fwd["a2v"](*a2v_in)
+                    fwd["sr"](*sr_in)
+                    fwd["mouth"](*mouth_in)
+                    for _ in range(decoder_calls):
+                        dec(x)
 
             probes[name] = run
         return probes
 
     return make
+
+
+def _sr_forward(sr: nn.Module, backend: str) -> GraphForward:
+    return GraphForward(
+        backend, "studio-sr", _ClassForward(sr), ("z_lr", "ref_hr"), dynamic={"z_lr": (0,)}
+    )
+
+
+def _mouth_forward(mouth: nn.Module, backend: str) -> GraphForward:
+    return GraphForward(
+        backend,
+        "studio-mouth",
+        _ClassForward(mouth),
+        ("z", "audio"),
+        dynamic={"z": (0,), "audio": (0,)},
+    )
 
 
 def _decoder_forward(vae: StudioVAE, backend: str) -> GraphForward:
@@ -241,7 +272,8 @@ def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig) -> str:
     from pipeline.backends.cache import weights_hash
     from pipeline.backends.select import resolve_backend
 
-    identity = "studio:" + ",".join(weights_hash(nets[n]) for n in ("vae", "a2v", "sr", "mouth"))
+    weights = ",".join(weights_hash(nets[n]) for n in ("vae", "a2v", "sr", "mouth"))
+    identity = f"studio:{weights}:{probe_shapes(config)}"
     m = config.model
     probes = _probes(nets, config)
     backend = resolve_backend(m.backend, m.device, identity, probes)
