@@ -175,3 +175,19 @@ def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
     for path in saved:
         probe_s = json.loads(path.read_text())["probe_s"]
         assert set(probe_s) == set(available_backends()) and all(t > 0 for t in probe_s.values())
+
+
+@pytest.mark.skipif(not EXPORTED, reason="needs onnxruntime or openvino")
+def test_studio_auto_probes_networks_that_compute_in_bf16(cache) -> None:
+    """Where the networks compute in bf16, the exported probes run float32 copies (exporting the
+    bf16 SR and mouth nets themselves failed with a dtype mismatch)."""
+    from pipeline.backends.report import describe
+    from pipeline.models.registry import load_modules
+
+    from support import tiny_config
+
+    modules = load_modules(tiny_config(model={"backend": "auto", "dtype": "bfloat16"}))
+    runtime = describe(modules, "bfloat16")
+    assert runtime["backend"] in available_backends()
+    (saved,) = cache.glob("auto-*.json")
+    assert set(json.loads(saved.read_text())["probe_s"]) == set(available_backends())

@@ -151,7 +151,8 @@ def probe_shapes(config: TalkloopConfig) -> str:
     """What :func:`_probes` times, as part of the ``auto`` cache key: the frame size and the N
     chunk (frames, context, Euler steps). Backends rank differently at live and offline shapes:
     at 5-frame live chunks onnxruntime ran a call 0.1 s per second of video faster than
-    openvino (its mouth net 10 against 15 ms a chunk), which won at 24-frame offline chunks."""
+    openvino (its mouth net 10 against 15 ms a chunk), which had won on a decoder micro-batch
+    and an A2V step at 24-frame offline chunks."""
     s = config.schedule
     return (
         f"{config.video.width}x{config.video.height}:n{s.n_len}:c{s.ctx_len}"
@@ -205,12 +206,13 @@ def _probes(nets: dict[str, nn.Module], config: TalkloopConfig):
                 )
                 x = x_dec.contiguous(memory_format=torch.channels_last)
             else:
-                probe_nets = {n_: copy.deepcopy(nets[n_]).float() for n_ in ("vae", "a2v")}
-                dec = _decoder_forward(probe_nets["vae"], name)  # type: ignore[arg-type]
+                # Graphs are exported from float32 (the nets may compute in bf16 here).
+                f32 = {n_: copy.deepcopy(nets[n_]).float() for n_ in ("vae", "a2v", "sr", "mouth")}
+                dec = _decoder_forward(f32["vae"], name)  # type: ignore[arg-type]
                 fwd = {
-                    "a2v": A2VForward(probe_nets["a2v"], name),  # type: ignore[arg-type]
-                    "sr": _sr_forward(nets["sr"], name),
-                    "mouth": _mouth_forward(nets["mouth"], name),
+                    "a2v": A2VForward(f32["a2v"], name),  # type: ignore[arg-type]
+                    "sr": _sr_forward(f32["sr"], name),
+                    "mouth": _mouth_forward(f32["mouth"], name),
                 }
                 ctx, x = contextlib.nullcontext, x_dec
 
