@@ -19,8 +19,8 @@ The output folder is the input folder with ``vae.safetensors``/``vae.json`` repl
 from __future__ import annotations
 
 import argparse
+import copy
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -36,6 +36,9 @@ from torch import Tensor
 from pipeline.core.errors import ConfigError
 from pipeline.models.studio.vae import Decoder, StudioVAE, VAEConfig
 from pipeline.studio.dataset import load_clip, region_weights
+from pipeline.train.config import PhaseConfig
+from pipeline.train.data import to_images
+from pipeline.train.trainer import lr_at, reconstruction_terms
 
 
 @dataclass
@@ -73,7 +76,7 @@ def distil_data(
         weights = region_weights(clip).astype(np.uint8)
         for s in np.sort(rng.integers(0, clip.num_frames - length + 1, size=windows_per_clip)):
             frames = clip.frames[s : s + length]
-            z = vae.encode(_images(torch.from_numpy(frames)))  # (length, C, h, w)
+            z = vae.encode(to_images(torch.from_numpy(frames)))  # (length, C, h, w)
             start = rng.random() < p_start
             x, _ = vae.decoder_inputs(z[k:], None if start else z[:k])
             parts["x"].append(x.contiguous())
@@ -82,11 +85,6 @@ def distil_data(
             parts["weights"].append(torch.from_numpy(weights[s + k : s + length].copy()))
             parts["mouth_box"].append(torch.from_numpy(clip.mouth_box[s + k : s + length].copy()))
     return DistilData(**{f: torch.cat(v) for f, v in parts.items()})
-
-
-def _images(frames: Tensor) -> Tensor:
-    """(T, H, W, 3) uint8 -> (T, 3, H, W) float32 in [-1, 1]."""
-    return frames.permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
 @torch.no_grad()
@@ -182,7 +180,7 @@ def score(decoder: Decoder, data: DistilData, batch: int = 6) -> dict[str, float
         ]
     )
     decoder.train(was_training)
-    teacher, truth = data.teacher.float(), _images(data.truth)
+    teacher, truth = data.teacher.float(), to_images(data.truth)
     return {
         "psnr_vs_trained_db": psnr(out, teacher),
         "psnr_vs_trained_mouth_db": psnr(out, teacher, data.mouth_box),
@@ -194,48 +192,31 @@ def score(decoder: Decoder, data: DistilData, batch: int = 6) -> dict[str, float
 def distil(
     student: Decoder,
     data: DistilData,
-    steps: int,
-    batch: int,
-    lr: float,
+    phase: PhaseConfig,
     seed: int,
     grad_weight: float = 0.5,
     on_step: Callable[[int, float], None] | None = None,
 ) -> None:
-    """Train ``student`` to reproduce ``data.teacher`` (AdamW, cosine to a tenth of ``lr``)."""
+    """Train ``student`` to reproduce ``data.teacher`` for ``phase.steps`` steps of
+    ``phase.batch`` frames (AdamW, the trainer's schedule: ``lr_at``)."""
     g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.0)
-    warmup = min(100, steps // 10)
+    opt = torch.optim.AdamW(student.parameters(), lr=phase.lr, weight_decay=phase.weight_decay)
     student.train()
-    for step in range(steps):
-        cosine = 0.1 + 0.45 * (1 + math.cos(math.pi * step / max(1, steps - 1)))
-        scale = (step + 1) / warmup if step < warmup else cosine
+    for step in range(phase.steps):
         for group in opt.param_groups:
-            group["lr"] = lr * scale
-        i = torch.randint(data.x.shape[0], (batch,), generator=g)
+            group["lr"] = lr_at(step, phase, phase.steps)
+        i = torch.randint(data.x.shape[0], (phase.batch,), generator=g)
         rec = student(data.x[i].contiguous(memory_format=torch.channels_last))
         target, w = data.teacher[i].float(), data.weights[i][:, None].float()
-        loss = _weighted_l1(rec, target, w) + grad_weight * (
-            _weighted_l1(*_dx(rec, target, w)) + _weighted_l1(*_dy(rec, target, w))
-        )
+        l1, gradients = reconstruction_terms(rec, target, w)
+        loss = l1 + grad_weight * gradients
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(student.parameters(), phase.clip_grad)
         opt.step()
         if on_step is not None:
             on_step(step + 1, float(loss.detach()))
     student.eval()
-
-
-def _weighted_l1(a: Tensor, b: Tensor, w: Tensor) -> Tensor:
-    return ((a - b).abs() * w).sum() / (w.sum() * a.shape[1])
-
-
-def _dx(a: Tensor, b: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return a[..., 1:] - a[..., :-1], b[..., 1:] - b[..., :-1], w[..., 1:]
-
-
-def _dy(a: Tensor, b: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return a[..., 1:, :] - a[..., :-1, :], b[..., 1:, :] - b[..., :-1, :], w[..., 1:, :]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         ncfg = VAEConfig.model_validate(vcfg.model_dump() | widths)
     except ValidationError as err:
         raise ConfigError(f"--channels {args.channels[0]} {args.channels[1]}: {err}") from None
+    try:
+        phase = PhaseConfig(steps=args.steps or 20, batch=args.batch, lr=args.lr)
+    except ValidationError as err:
+        bad = err.errors()[0]
+        raise ConfigError(f"--{bad['loc'][0]}: {bad['msg']}, got {bad['input']}") from None
     vae = StudioVAE(vcfg)
     Module("vae", vcfg, vae).load(args.weights)
     vae = vae.float().eval().to(memory_format=torch.channels_last)
@@ -305,14 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     print("trained", report["trained"], "\npruned", report["pruned"], flush=True)
 
-    steps = args.steps
-    if steps is None:  # time 20 steps after 5 of warm-up (kernel set-up), then fill the budget
-        probe = Decoder(ncfg).to(memory_format=torch.channels_last)
-        probe.load_state_dict(student.state_dict())
-        distil(probe, train, 5, args.batch, 0.0, args.seed)
+    if args.steps is None:  # time 20 steps on a copy after 5 of kernel set-up, fill the budget
+        probe = copy.deepcopy(student)
+        distil(probe, train, phase.model_copy(update={"steps": 5}), args.seed)
         t1 = time.perf_counter()
-        distil(probe, train, 20, args.batch, 0.0, args.seed)
-        steps = max(20, int(args.minutes * 60 / ((time.perf_counter() - t1) / 20)))
+        distil(probe, train, phase, args.seed)
+        per_step = (time.perf_counter() - t1) / phase.steps
+        phase = phase.model_copy(update={"steps": max(20, int(args.minutes * 60 / per_step))})
+    steps = phase.steps
     t2 = time.perf_counter()
 
     def progress(step: int, loss: float) -> None:
@@ -320,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             mins = (time.perf_counter() - t2) / 60
             print(f"step {step}/{steps} loss {loss:.4f} ({mins:.1f} min)", flush=True)
 
-    distil(student, train, steps, args.batch, args.lr, args.seed, on_step=progress)
+    distil(student, train, phase, args.seed, on_step=progress)
     # Scored as shipped: float16 weights, read back as float32.
     student.load_state_dict({k: v.half().float() for k, v in student.state_dict().items()})
     report["refit"] = score(student, test) | {"channels": list(args.channels), "steps": steps}
@@ -329,12 +315,16 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = args.out.with_name(args.out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(args.weights, tmp)
-    vae.decoder = student
-    vae.cfg = ncfg
-    Module("vae", ncfg, vae).save(tmp, dtype=torch.float16)
-    (tmp / "refit_decoder.json").write_text(json.dumps(report, indent=2) + "\n")
-    tmp.rename(args.out)
+    try:
+        shutil.copytree(args.weights, tmp)
+        vae.decoder = student
+        vae.cfg = ncfg
+        Module("vae", ncfg, vae).save(tmp, dtype=torch.float16)
+        (tmp / "refit_decoder.json").write_text(json.dumps(report, indent=2) + "\n")
+        tmp.rename(args.out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left
+        raise
     print(f"wrote {args.out}")
     return 0
 

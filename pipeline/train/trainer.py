@@ -76,6 +76,22 @@ def lr_at(step: int, pc: PhaseConfig, total: int) -> float:
     return pc.lr * (pc.final_frac + (1 - pc.final_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def reconstruction_terms(rec: Tensor, target: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """The VAE's reconstruction loss terms: region-weighted L1 of (B, 3, H, W) images and of
+    their horizontal and vertical differences; ``w`` (B, 1, H, W) weighs each pixel."""
+
+    def l1(a: Tensor, b: Tensor, weight: Tensor) -> Tensor:
+        return ((a - b).abs() * weight).sum() / (weight.sum() * a.shape[1])
+
+    dx = (rec[..., 1:] - rec[..., :-1], target[..., 1:] - target[..., :-1], w[..., 1:])
+    dy = (
+        rec[..., 1:, :] - rec[..., :-1, :],
+        target[..., 1:, :] - target[..., :-1, :],
+        w[..., 1:, :],
+    )
+    return l1(rec, target, w), l1(*dx) + l1(*dy)
+
+
 class Trainer:
     """One training run into ``out`` (see module docstring).
 
@@ -311,16 +327,7 @@ class Trainer:
         with self._autocast():
             rec = vae.decoder(inp).float()  # (B*n, 3, H, Wd)
         w = wts[:, k:].reshape(b * n, 1, *rec.shape[2:]).float()
-        l1 = ((rec - target).abs() * w).sum() / (w.sum() * 3)
-
-        def grads(im: Tensor) -> tuple[Tensor, Tensor]:
-            return im[..., :, 1:] - im[..., :, :-1], im[..., 1:, :] - im[..., :-1, :]
-
-        (rx, ry), (tx, ty) = grads(rec), grads(target)
-        wx, wy = w[..., :, 1:], w[..., 1:, :]
-        gl = ((rx - tx).abs() * wx).sum() / (wx.sum() * 3) + ((ry - ty).abs() * wy).sum() / (
-            wy.sum() * 3
-        )
+        l1, gl = reconstruction_terms(rec, target, w)
         kl = 0.5 * (mean.square() + logvar.exp() - 1.0 - logvar).mean()
         loss = l1 + cfg.grad_weight * gl + cfg.kl_weight * kl
         return loss, {"l1": l1.item(), "grad": gl.item(), "kl": kl.item()}

@@ -13,6 +13,7 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.module import Module
 from pipeline.models.studio.family import STUDIO_MODULES, StudioConfig, build_networks
 from pipeline.models.studio.vae import Decoder, StudioVAE, VAEConfig
+from pipeline.train.config import PhaseConfig
 from pipeline.train.data import clip_paths, ensure_dataset
 from pipeline.train.refit_decoder import distil, distil_data, main, prune_decoder, psnr, score
 
@@ -97,7 +98,7 @@ def test_pruning_beats_a_fresh_decoder_and_distillation_closes_the_gap() -> None
         mouth_box=torch.tensor([[16.0, 16.0, 48.0, 48.0]]).expand(24, 4),
     )
     before = score(pruned, data)["psnr_vs_trained_db"]
-    distil(pruned, data, steps=60, batch=8, lr=2e-3, seed=0)
+    distil(pruned, data, PhaseConfig(steps=60, batch=8, lr=2e-3), seed=0)
     after = score(pruned, data)
     assert after["psnr_vs_trained_db"] > before + 1.0, (before, after)
     assert not pruned.training
@@ -171,4 +172,11 @@ def test_the_tool_writes_a_loadable_folder_with_the_encoder_untouched(tmp_path: 
         main([*other[:-2], "12", "4"])
     with pytest.raises(ConfigError, match="--windows must be >= 1, got 0"):
         main([*other, "--windows", "0"])
-    assert not (tmp_path / "other").exists()
+    with pytest.raises(ConfigError, match="--lr: .*got 2.0"):
+        main([*other, "--lr", "2"])
+    assert not (tmp_path / "other").exists() and not (tmp_path / "other.partial").exists()
+    # Without --steps, a budget: 20 timed steps on a copy decide the count (>= 20).
+    budget = [a for a in other if a not in ("--steps", "4")] + ["--minutes", "0.001"]
+    assert main(budget) == 0
+    budgeted = json.loads((tmp_path / "other" / "refit_decoder.json").read_text())
+    assert budgeted["refit"]["steps"] >= 20 and not (tmp_path / "other.partial").exists()
