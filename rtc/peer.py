@@ -11,6 +11,7 @@ from aiortc.contrib.media import MediaBlackhole
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import candidate_from_sdp
 
+from rtc import encoder
 from rtc.call import Call
 from rtc.protocol import ProtocolError
 
@@ -41,6 +42,7 @@ class Peer:
         configuration: RTCConfiguration | None = None,
     ) -> None:
         self.call = call
+        encoder.install()  # x264 at a preset that leaves the CPU to the avatar (rtc/encoder.py)
         self.pc = RTCPeerConnection(configuration)
         self._on_closed = on_closed
         self._blackholes: list[MediaBlackhole] = []

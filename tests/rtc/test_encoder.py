@@ -1,0 +1,120 @@
+"""Our calls' H.264 encoder: x264 at its low-CPU settings, still aiortc's bitrate, keyframes and
+RTP packets, and installed for H.264 only."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from fractions import Fraction
+
+import av
+import numpy as np
+import pytest
+from aiortc import rtcrtpsender
+from aiortc.codecs import get_encoder
+from aiortc.codecs.h264 import H264PayloadDescriptor
+from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+from PIL import Image
+
+from pipeline.models.studio.family import DEFAULT_REFERENCE
+from rtc.encoder import X264_PRESET, X264_THREADS, AvatarH264Encoder, avatar_encoder
+from rtc.peer import Peer
+
+pytestmark = pytest.mark.unit
+
+
+def talking_frames(n: int) -> list[np.ndarray]:
+    """The default avatar (256x256) with a moving dark mouth-sized block."""
+    face = np.asarray(Image.open(DEFAULT_REFERENCE).convert("RGB"))
+    out = []
+    for i in range(n):
+        f = face.copy()
+        f[170 : 180 + 3 * (i % 6), 104:152] = 40
+        out.append(f)
+    return out
+
+
+def send(enc: AvatarH264Encoder, rgb: np.ndarray, index: int, keyframe: bool = False):
+    frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+    frame.pts, frame.time_base = index * 3600, Fraction(1, 90000)
+    payloads, _ = enc.encode(frame, keyframe)
+    return payloads
+
+
+def depacketize(payloads: list[bytes]) -> bytes:
+    """RTP payloads (single NAL, STAP-A, FU-A) back to an Annex B access unit, as a receiver."""
+    return b"".join(H264PayloadDescriptor.parse(p)[1] for p in payloads)
+
+
+def nal_types(annex_b: bytes) -> set[int]:
+    return {unit[0] & 0x1F for unit in annex_b.split(b"\x00\x00\x01")[1:] if unit}
+
+
+def x264_settings(annex_b: bytes) -> dict[str, str]:
+    """The settings x264 writes into the stream it starts (its SEI: "options: cabac=0 ref=1 ...")."""
+    match = re.search(rb"x264 - .*? options: ([^\x00]*)", annex_b)
+    assert match, "no x264 settings SEI in this access unit"
+    return dict(kv.split("=", 1) for kv in match.group(1).decode().split())
+
+
+# x264's "veryfast" preset (against "medium": subme=7 ref=3); "zerolatency" turns B-frames off.
+VERYFAST = {"subme": "2", "ref": "1", "me": "hex", "bframes": "0"}
+
+
+def test_frames_come_back_through_rtp_packets_at_low_cpu_settings() -> None:
+    enc = AvatarH264Encoder()
+    dec = av.CodecContext.create("h264", "r")
+    frames = talking_frames(30)
+    got = []
+    for i, rgb in enumerate(frames):
+        data = depacketize(send(enc, rgb, i))
+        if i == 0:
+            settings = x264_settings(data)
+        got += [f.to_ndarray(format="rgb24") for f in dec.decode(av.Packet(data))]
+        assert len(got) == i + 1  # no frame held back (zerolatency): one in, one out
+    assert X264_PRESET == "veryfast" and settings.items() >= VERYFAST.items()
+    assert settings["threads"] == str(X264_THREADS) == "1"
+    assert settings["bitrate"] == str(enc.target_bitrate // 1000)  # aiortc's target, kbit/s
+    err = np.mean([(a.astype(float) - b) ** 2 for a, b in zip(got, frames, strict=True)])
+    assert 10 * np.log10(255**2 / err) > 35
+
+
+def test_keyframe_requests_and_bitrate_changes_still_act() -> None:
+    enc = AvatarH264Encoder()
+    frames = talking_frames(12)
+    for i in range(5):
+        send(enc, frames[i], i)
+    first = enc.codec
+    # The browser asks for a picture it can start from (PLI): an IDR slice (NAL type 5).
+    assert 5 not in nal_types(depacketize(send(enc, frames[5], 5)))
+    assert 5 in nal_types(depacketize(send(enc, frames[6], 6, keyframe=True)))
+    # A small move of the target keeps the codec, a large one reopens it at that bitrate,
+    # with our settings again.
+    enc.target_bitrate = int(enc.target_bitrate * 1.05)
+    send(enc, frames[7], 7)
+    assert enc.codec is first
+    enc.target_bitrate = 2_000_000
+    payloads = send(enc, frames[8], 8)
+    assert enc.codec is not first
+    data = depacketize(payloads)
+    assert 5 in nal_types(data)  # a new stream starts with a keyframe
+    settings = x264_settings(data)
+    assert settings["bitrate"] == "2000" and settings["threads"] == "1"
+    assert settings.items() >= VERYFAST.items()
+
+
+def test_installed_for_h264_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rtcrtpsender, "get_encoder", get_encoder)
+
+    async def make_peer() -> None:  # the server's side of a call installs it
+        await Peer(None, on_closed=None).close()  # type: ignore[arg-type]
+
+    asyncio.run(make_peer())
+    assert rtcrtpsender.get_encoder is avatar_encoder
+
+    def codec(mime: str, rate: int) -> RTCRtpCodecParameters:
+        return RTCRtpCodecParameters(mimeType=mime, clockRate=rate, payloadType=96)
+
+    assert type(avatar_encoder(codec("video/H264", 90000))) is AvatarH264Encoder
+    for mime, rate in (("video/VP8", 90000), ("audio/opus", 48000)):
+        assert type(avatar_encoder(codec(mime, rate))) is type(get_encoder(codec(mime, rate)))
