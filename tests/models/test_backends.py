@@ -154,6 +154,27 @@ def test_exported_graphs_match_torch_at_any_frame_count(backend, cache, randomis
     assert len(list(cache.glob("sr-fp32-*.onnx"))) == 1
 
 
+@pytest.mark.parametrize("preset", ["tiny", "default"])
+def test_decoder_graph_computes_the_decoder(preset, cache, randomise) -> None:
+    """The decoder as exported (a transposed conv for the 2x shuffle, the 4x4 cells channels-
+    last) gives the decoder's frames, in torch and through each backend's float32 graph."""
+    from pipeline.models.studio.backend import DecoderGraph, cells_to_frames
+
+    torch.manual_seed(0)
+    decoder = randomise(build_networks(getattr(StudioConfig, preset)())["vae"].decoder, std=0.05)
+    graph = DecoderGraph(decoder)
+    x = torch.randn(3, decoder.stem.in_channels, 8, 12)  # not square: rows and columns apart
+    with torch.inference_mode():
+        want = decoder(x)
+        frames = cells_to_frames(graph(x))
+        assert frames.shape == want.shape == (3, 3, 64, 96)
+        assert frames.permute(0, 2, 3, 1).is_contiguous()  # (T, H, W, 3) in memory
+        torch.testing.assert_close(frames, want, atol=1e-5, rtol=1e-5)
+        for backend in EXPORTED:
+            exported = GraphForward(backend, f"decoder-{preset}", graph, ("x",))
+            torch.testing.assert_close(cells_to_frames(exported(x)), want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.skipif(not EXPORTED, reason="needs onnxruntime or openvino")
 def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
     """A live server (short chunks) and an offline render of the same weights each rank the

@@ -155,8 +155,8 @@ class StudioVAE(nn.Module):
                 start (then the first frame stands in for the missing history).
             batch: frames per decoder call (default ``decode_batch``); keep it fixed for a stream.
         Returns:
-            ``(frames, cache)``: frames (T, 3, 8h, 8w) float32 in [-1, 1]; cache (K, C, h, w),
-            the last ``K = cache_frames`` latents seen (fixed size, float32).
+            ``(frames, cache)``: frames (T, 3, 8h, 8w) float32 in [-1, 1] (any memory layout);
+            cache (K, C, h, w), the last ``K = cache_frames`` latents seen (fixed size, float32).
         """
         x, new_cache = self.decoder_inputs(z, cache)
         t = z.shape[0]
@@ -171,7 +171,8 @@ class StudioVAE(nn.Module):
                 pad = xb[-1:].expand(mb - n, -1, -1, -1)
                 xb = torch.cat([xb, pad], dim=0).contiguous(memory_format=torch.channels_last)
             outs.append(self.decoder(xb)[:n])
-        frames = torch.cat(outs, dim=0).contiguous()  # (T, 3, 8h, 8w)
+        # In the micro-batches' memory layout (an exported decoder's frames are channels-last).
+        frames = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # (T, 3, 8h, 8w)
         return frames, new_cache
 
     def decoder_inputs(self, z: Tensor, cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
