@@ -332,7 +332,8 @@ def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig) -> str:
     from pipeline.backends.select import resolve_backend
 
     weights = ",".join(weights_hash(nets[n]) for n in ("vae", "a2v", "sr", "mouth"))
-    identity = f"studio:{weights}:{probe_shapes(config)}"
+    # The exported graphs' recipe is part of it: a new one may rank the backends differently.
+    identity = f"studio:{weights}:{probe_shapes(config)}:{DECODER_INT8}"
     m = config.model
     probes = _probes(nets, config)
     backend = resolve_backend(m.backend, m.device, identity, probes)
