@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from pipeline.backends.cache import cache_dir, cached_file, key, weights_hash
-from pipeline.backends.export import OPSET, export_onnx
+from pipeline.backends.export import OPSET, RECIPE, export_onnx
 from pipeline.backends.runtime import Runner, make_runner
 
 Shapes = tuple[tuple[int, ...], ...]
@@ -68,7 +68,7 @@ class GraphForward:
         )
 
     def path(self, signature: Shapes, variant: str) -> Path:
-        k = key(self.hash, signature, OPSET, torch.__version__, variant)
+        k = key(self.hash, signature, OPSET, RECIPE, torch.__version__, variant)
         return cache_dir() / f"{self.tag}-{variant}-{k}.onnx"
 
     def prepare(self, *inputs: torch.Tensor) -> Path:

@@ -154,6 +154,34 @@ def test_exported_graphs_match_torch_at_any_frame_count(backend, cache, randomis
     assert len(list(cache.glob("sr-fp32-*.onnx"))) == 1
 
 
+def test_tanh_gelu_exports_as_one_node(cache) -> None:
+    """The DiTs' MLP GELU (tanh form) is one FastGelu node in the graph, run alike by both
+    runtimes; the exact (erf) GELU keeps the standard export."""
+    import onnx
+    from torch import nn
+
+    from pipeline.backends.export import export_onnx
+    from pipeline.models.studio.layers import Mlp
+
+    torch.manual_seed(0)
+    mlp = Mlp(16, 64).eval()
+    x = torch.randn(2, 5, 16) * 3
+
+    class ExactGelu(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return nn.functional.gelu(x)
+
+    for net, fused in ((mlp, True), (ExactGelu(), False)):
+        path = cache / f"{type(net).__name__}.onnx"
+        cache.mkdir(parents=True, exist_ok=True)
+        export_onnx(net, (x,), ("x",), path)
+        ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+        assert ("FastGelu" in ops) is fused and ("Tanh" in ops) is False
+        for backend in EXPORTED:
+            got = GraphForward(backend, type(net).__name__, net, ("x",))(x)
+            torch.testing.assert_close(got, net(x).detach(), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("preset", ["tiny", "default"])
 def test_decoder_graph_computes_the_decoder(preset, cache, randomise) -> None:
     """The decoder as exported (a transposed conv for the 2x shuffle, the 4x4 cells channels-

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pipeline.backends.export import RECIPE
 from pipeline.backends.graph import GraphForward, Shapes
 from pipeline.backends.quantize import quantize_int8
 from pipeline.backends.runtime import graph_threads
@@ -332,8 +333,8 @@ def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig) -> str:
     from pipeline.backends.select import resolve_backend
 
     weights = ",".join(weights_hash(nets[n]) for n in ("vae", "a2v", "sr", "mouth"))
-    # The exported graphs' recipe is part of it: a new one may rank the backends differently.
-    identity = f"studio:{weights}:{probe_shapes(config)}:{DECODER_INT8}"
+    # The exported graphs' recipes are part of it: a new one may rank the backends differently.
+    identity = f"studio:{weights}:{probe_shapes(config)}:{RECIPE}:{DECODER_INT8}"
     m = config.model
     probes = _probes(nets, config)
     backend = resolve_backend(m.backend, m.device, identity, probes)
