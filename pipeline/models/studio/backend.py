@@ -10,6 +10,7 @@ audio (training, guidance), it runs in torch.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 from pipeline.backends.export import RECIPE
 from pipeline.backends.graph import GraphForward, Shapes
 from pipeline.backends.quantize import quantize_int8
-from pipeline.backends.runtime import graph_threads
+from pipeline.backends.runtime import Runner, graph_threads
 from pipeline.core.config import TalkloopConfig
 from pipeline.models.studio.a2v import A2VDiT
 from pipeline.models.studio.vae import Decoder, StudioVAE
@@ -312,7 +313,8 @@ class DecoderForward:
             backend, "studio-decoder", DecoderGraph(vae.decoder), ("x",), quantize, DECODER_INT8
         )
 
-    def runner(self, inputs):
+    def runner(self, inputs: Sequence[Tensor]) -> Runner:
+        """The compiled graph for ``inputs``' signature (what :func:`warm_up` compiles)."""
         return self.graph.runner(inputs)
 
     def __call__(self, x: Tensor) -> Tensor:
