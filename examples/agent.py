@@ -36,7 +36,7 @@ import websockets
 # the package it uses, would shadow it.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from agent.tts import EspeakTTS, TTSOptions  # noqa: E402
+from talkloop.agent.tts import EspeakTTS, TTSOptions  # noqa: E402
 
 
 def agent_url(url: str, token: str | None, access: str | None = None) -> str:

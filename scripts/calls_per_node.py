@@ -4,7 +4,7 @@ For n = 1 .. --max-calls: `talkloop serve --max-sessions n` on the bundled defau
 shipped portrait model, or --family studio) and n scripted calls at once, each client in its own
 process as a browser would be, but on the same cores as the server (say so when quoting: the
 clients' decoding takes CPU a real node would not spend). A cluster node with n slots runs its
-calls with this same code (rtc/call_host.py hosts AvatarServer's call), so it carries what this
+calls with this same code (talkloop/rtc/call_host.py hosts AvatarServer's call), so it carries what this
 server carries.
 
 Reports, per call, the server's last stats message: frames sent, late frames (not generated in
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rtc.client import wait_serving  # noqa: E402
+from talkloop.rtc.client import wait_serving  # noqa: E402
 
 HOST = "127.0.0.2"
 
@@ -55,7 +55,16 @@ def one_call(data: dict) -> dict:
 
 def run(n: int, seconds: float, family: list[str], out: Path) -> dict:
     port = 8100 + n
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--host", HOST, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "talkloop.pipeline.cli",
+        "serve",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+    ]
     cmd += ["--max-sessions", str(n), *family]
     log = open(out / f"serve-{n}.log", "w")  # noqa: SIM115 (open for the server's lifetime)
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -65,7 +74,7 @@ def run(n: int, seconds: float, family: list[str], out: Path) -> dict:
         files = [out / f"call-{n}-{i}.json" for i in range(n)]
         clients = [
             subprocess.Popen(
-                [sys.executable, "-m", "rtc.client", url, str(seconds), str(f)], cwd=ROOT
+                [sys.executable, "-m", "talkloop.rtc.client", url, str(seconds), str(f)], cwd=ROOT
             )
             for f in files
         ]

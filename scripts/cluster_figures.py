@@ -30,20 +30,20 @@ sys.path.insert(0, str(ROOT / "tests"))  # support.tiny_config, make_reference
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from pipeline.assets import HELLO_WAV  # noqa: E402
-from pipeline.audio.io import load_audio  # noqa: E402
-from pipeline.cluster.batch import run_batch  # noqa: E402
-from pipeline.cluster.connect import SLOT  # noqa: E402
-from pipeline.cluster.manifest import read_manifest  # noqa: E402
-from pipeline.core.config import build_config  # noqa: E402
-from pipeline.core.pipeline import Pipeline  # noqa: E402
-from rtc.app import live_config_dict  # noqa: E402
-from rtc.call import CallConfig  # noqa: E402
-from rtc.call_host import HostSpec  # noqa: E402
-from rtc.client import run_call  # noqa: E402
-from rtc.cluster import ClusterServer  # noqa: E402
-from rtc.ice import IceConfig  # noqa: E402
-from rtc.server import AvatarServer  # noqa: E402
+from talkloop.pipeline.assets import HELLO_WAV  # noqa: E402
+from talkloop.pipeline.audio.io import load_audio  # noqa: E402
+from talkloop.pipeline.cluster.batch import run_batch  # noqa: E402
+from talkloop.pipeline.cluster.connect import SLOT  # noqa: E402
+from talkloop.pipeline.cluster.manifest import read_manifest  # noqa: E402
+from talkloop.pipeline.core.config import build_config  # noqa: E402
+from talkloop.pipeline.core.pipeline import Pipeline  # noqa: E402
+from talkloop.rtc.app import live_config_dict  # noqa: E402
+from talkloop.rtc.call import CallConfig  # noqa: E402
+from talkloop.rtc.call_host import HostSpec  # noqa: E402
+from talkloop.rtc.client import run_call  # noqa: E402
+from talkloop.rtc.cluster import ClusterServer  # noqa: E402
+from talkloop.rtc.ice import IceConfig  # noqa: E402
+from talkloop.rtc.server import AvatarServer  # noqa: E402
 
 from support import make_reference, tiny_config  # noqa: E402
 

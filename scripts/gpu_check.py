@@ -46,11 +46,11 @@ def copy_bandwidth(ops, nbytes: int, repeats: int = 10) -> dict[str, float]:
 
 
 def run(placement: str, seconds: float) -> dict:
-    from pipeline.bench.worker import bench_reference, looped_speech
-    from pipeline.core.config import TalkloopConfig, VideoConfig, build_config
-    from pipeline.core.pipeline import Pipeline
-    from pipeline.models.registry import load_modules
-    from pipeline.offload.offloaded import BlockOffloader
+    from talkloop.pipeline.bench.worker import bench_reference, looped_speech
+    from talkloop.pipeline.core.config import TalkloopConfig, VideoConfig, build_config
+    from talkloop.pipeline.core.pipeline import Pipeline
+    from talkloop.pipeline.models.registry import load_modules
+    from talkloop.pipeline.offload.offloaded import BlockOffloader
 
     model = {"preset": "large", "untrained": True, "dtype": "bfloat16", "device": "cuda"}
     model["placement"] = {"a2v": placement, "sr": placement}
@@ -66,7 +66,7 @@ def run(placement: str, seconds: float) -> dict:
     offloaders = [m.runtime for m in modules.values() if isinstance(m.runtime, BlockOffloader)]
     ops = offloaders[0].ops if offloaders else None
     pipeline = Pipeline(config, modules)
-    from pipeline.offload.device import make_ops
+    from talkloop.pipeline.offload.device import make_ops
 
     cuda = make_ops("cuda")
     ref = bench_reference(config)
@@ -118,7 +118,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="measured video per placement")
     ap.add_argument("--out", type=Path, default=Path("gpu-check.json"))
     args = ap.parse_args()
-    from pipeline.offload.device import driver_available
+    from talkloop.pipeline.offload.device import driver_available
 
     if not driver_available():
         fail("no CUDA device or driver on this machine; this check needs one GPU (nothing run)")

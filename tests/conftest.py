@@ -42,15 +42,15 @@ from support import liven, tiny_config  # noqa: E402
 
 @pytest.fixture(scope="session")
 def speech() -> np.ndarray:
-    from pipeline.assets import HELLO_WAV
-    from pipeline.audio.io import load_audio
+    from talkloop.pipeline.assets import HELLO_WAV
+    from talkloop.pipeline.audio.io import load_audio
 
     return load_audio(HELLO_WAV, 16000)
 
 
 @pytest.fixture(scope="session")
 def tiny_modules():
-    from pipeline.models.registry import load_modules
+    from talkloop.pipeline.models.registry import load_modules
 
     modules = load_modules(tiny_config())
     liven(modules)

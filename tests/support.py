@@ -50,7 +50,7 @@ def make_reference(width: int = 64, height: int = 64, seed: int = 0) -> np.ndarr
 
 
 def tiny_config(**overrides):
-    from pipeline.core.config import build_config
+    from talkloop.pipeline.core.config import build_config
 
     base = {
         "video": {"width": 64, "height": 64, "fps": 25},

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.core.config import build_config
-from pipeline.core.pipeline import Pipeline
-from rtc.app import live_config_dict
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.rtc.app import live_config_dict
 
 from support import tiny_config
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.clock import ManualClock, MediaClock
-from agent.driver import AudioDriver
+from talkloop.agent.clock import ManualClock, MediaClock
+from talkloop.agent.driver import AudioDriver
 
 pytestmark = pytest.mark.unit
 

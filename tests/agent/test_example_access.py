@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import websockets
 
-from rtc.call import CallConfig
-from rtc.security import AccessPolicy
-from rtc.server import AvatarServer
-from rtc.tls import self_signed, server_context
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.security import AccessPolicy
+from talkloop.rtc.server import AvatarServer
+from talkloop.rtc.tls import self_signed, server_context
 
 from support import make_reference
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rtc.server import session_token
+from talkloop.rtc.server import session_token
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +32,7 @@ def test_session_tokens_never_start_with_a_dash_nor_need_quoting() -> None:
 
 def test_the_url_the_page_shows_works_as_it_is(example) -> None:
     token = session_token()
-    shown = f"ws://127.0.0.1:8080/ws?token={token}&role=agent"  # web/app.js, agent-url
+    shown = f"ws://127.0.0.1:8080/ws?token={token}&role=agent"  # talkloop/web/app.js, agent-url
     args = example.parse_args(["--url", shown, "Hello."])
     assert args.url == shown and args.lines == ["Hello."]
 

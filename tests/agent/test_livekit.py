@@ -16,9 +16,9 @@ import pytest
 lk = pytest.importorskip("livekit.agents.voice.avatar", reason="livekit-agents is not installed")
 from livekit import rtc  # noqa: E402
 
-from agent.adapters.livekit import TalkloopVideoGenerator, avatar_options  # noqa: E402
-from agent.frames import PlaybackFinished  # noqa: E402
-from agent.session import AvatarConfig, AvatarSession  # noqa: E402
+from talkloop.agent.adapters.livekit import TalkloopVideoGenerator, avatar_options  # noqa: E402
+from talkloop.agent.frames import PlaybackFinished  # noqa: E402
+from talkloop.agent.session import AvatarConfig, AvatarSession  # noqa: E402
 
 from support import make_reference  # noqa: E402
 

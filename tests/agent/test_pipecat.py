@@ -18,9 +18,9 @@ from pipecat.frames.frames import (  # noqa: E402
 )
 from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
 
-from agent.adapters.pipecat import TalkloopAvatarProcessor  # noqa: E402
-from agent.frames import PlaybackFinished  # noqa: E402
-from agent.session import AvatarConfig, AvatarSession  # noqa: E402
+from talkloop.agent.adapters.pipecat import TalkloopAvatarProcessor  # noqa: E402
+from talkloop.agent.frames import PlaybackFinished  # noqa: E402
+from talkloop.agent.session import AvatarConfig, AvatarSession  # noqa: E402
 
 from support import make_reference  # noqa: E402
 

@@ -12,8 +12,8 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from rtc.call import CallConfig
-from rtc.server import AvatarServer
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.server import AvatarServer
 
 from support import make_reference
 

@@ -8,17 +8,17 @@ import asyncio
 import numpy as np
 import pytest
 
-from agent.clock import ManualClock
-from agent.frames import (
+from talkloop.agent.clock import ManualClock
+from talkloop.agent.frames import (
     AudioFormatError,
     AudioFrame,
     PlaybackFinished,
     PlaybackStarted,
     VideoFrame,
 )
-from agent.session import AvatarConfig, AvatarSession
-from pipeline.audio.resample import resample
-from pipeline.core.errors import BusyError
+from talkloop.agent.session import AvatarConfig, AvatarSession
+from talkloop.pipeline.audio.resample import resample
+from talkloop.pipeline.core.errors import BusyError
 
 from support import advance, make_reference
 

@@ -9,10 +9,10 @@ import av
 import numpy as np
 import pytest
 
-from agent.clock import ManualClock
-from agent.frames import AudioFrame, VideoFrame
-from agent.session import AvatarConfig, AvatarSession
-from pipeline.outputs.mp4 import Mp4Sink
+from talkloop.agent.clock import ManualClock
+from talkloop.agent.frames import AudioFrame, VideoFrame
+from talkloop.agent.session import AvatarConfig, AvatarSession
+from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
 from support import advance, make_reference
 

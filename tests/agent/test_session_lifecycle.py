@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from agent.session import MAX_QUEUED_SAYS, AvatarConfig, AvatarSession
-from pipeline.core.errors import BusyError
+from talkloop.agent.session import MAX_QUEUED_SAYS, AvatarConfig, AvatarSession
+from talkloop.pipeline.core.errors import BusyError
 
 from support import make_reference
 
@@ -110,7 +110,7 @@ def test_a_close_that_interrupts_a_step_is_not_a_failure(live_pipeline, caplog) 
     close, not a generation failure (no traceback, no failure listeners)."""
     import logging
 
-    from pipeline.core.errors import SessionClosedError
+    from talkloop.pipeline.core.errors import SessionClosedError
 
     seen: list[BaseException] = []
 

@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.audio.io import float_to_pcm16, load_audio, pcm16_to_float, resample, write_wav
-from pipeline.core.errors import InputError
+from talkloop.pipeline.audio.io import (
+    float_to_pcm16,
+    load_audio,
+    pcm16_to_float,
+    resample,
+    write_wav,
+)
+from talkloop.pipeline.core.errors import InputError
 
 pytestmark = pytest.mark.unit
 

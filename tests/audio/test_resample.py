@@ -7,8 +7,8 @@ import av
 import numpy as np
 import pytest
 
-from agent.text import MAX_TEXT_CHARS, TextError, check_text
-from pipeline.audio.resample import StreamResampler, resample
+from talkloop.agent.text import MAX_TEXT_CHARS, TextError, check_text
+from talkloop.pipeline.audio.resample import StreamResampler, resample
 
 pytestmark = pytest.mark.unit
 

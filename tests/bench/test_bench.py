@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.bench.memory import MIN_STEADY_S, WARMUP_S, memory_trend
-from pipeline.bench.run import machine_info, memory_lines, print_table
-from pipeline.cli import main
+from talkloop.pipeline.bench.memory import MIN_STEADY_S, WARMUP_S, memory_trend
+from talkloop.pipeline.bench.run import machine_info, memory_lines, print_table
+from talkloop.pipeline.cli import main
 
 
 @pytest.mark.e2e

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from talkloop.pipeline.cli import main
 
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64", "--steps", "1"]
 

@@ -13,10 +13,10 @@ import av
 import numpy as np
 import pytest
 
-from pipeline.assets import HELLO_WAV
-from pipeline.audio.io import load_audio, write_wav
-from pipeline.cli import main
-from pipeline.models.studio.family import DEFAULT_REFERENCE_SEED, installed_weights
+from talkloop.pipeline.assets import HELLO_WAV
+from talkloop.pipeline.audio.io import load_audio, write_wav
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.models.studio.family import DEFAULT_REFERENCE_SEED, installed_weights
 
 pytestmark = pytest.mark.e2e  # ~20 s on an idle 2-core machine
 
@@ -26,11 +26,11 @@ PAUSE_S, SPEECH_S, FPS = 1.5, 3.0, 25
 def test_default_render_opens_the_mouth_for_speech_and_closes_it_in_pauses(
     tmp_path: Path,
 ) -> None:
-    from pipeline.studio.character import sample_character
-    from pipeline.studio.params import FrameParams
-    from pipeline.studio.renderer import Renderer
-    from pipeline.train.data import mouth_crop_box
-    from pipeline.train.readout import load_readout, read_frames
+    from talkloop.pipeline.studio.character import sample_character
+    from talkloop.pipeline.studio.params import FrameParams
+    from talkloop.pipeline.studio.renderer import Renderer
+    from talkloop.pipeline.train.data import mouth_crop_box
+    from talkloop.pipeline.train.readout import load_readout, read_frames
 
     weights = installed_weights()
     assert weights is not None, "the trained default weights must ship with the package"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.audio.io import write_wav
-from pipeline.cli import main
+from talkloop.pipeline.audio.io import write_wav
+from talkloop.pipeline.cli import main
 
 from support import make_reference
 
@@ -128,7 +128,7 @@ def test_unwritable_output_directory(files, capsys) -> None:
 
 @pytest.mark.unit
 def test_default_model_without_installed_weights_says_so(files, capsys, monkeypatch) -> None:
-    import pipeline.models.studio.family as registry
+    import talkloop.pipeline.models.studio.family as registry
 
     monkeypatch.setattr(registry, "INSTALLED_WEIGHTS", files["dir"] / "no-weights-here")
     out = files["dir"] / "out.mp4"
@@ -203,7 +203,7 @@ def test_interrupted_render_leaves_playable_mp4(files, speech, tmp_path) -> None
         [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "talkloop.pipeline.cli",
             "render",
             "--audio",
             str(long_wav),

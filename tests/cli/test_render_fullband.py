@@ -9,9 +9,9 @@ import av
 import numpy as np
 import pytest
 
-from pipeline.audio.io import write_wav
-from pipeline.audio.reader import AudioReader
-from pipeline.cli import main
+from talkloop.pipeline.audio.io import write_wav
+from talkloop.pipeline.audio.reader import AudioReader
+from talkloop.pipeline.cli import main
 
 OUT = 48000
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64", "--steps", "2"]

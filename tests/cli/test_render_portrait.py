@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.audio.io import write_wav
-from pipeline.cli import main
-from pipeline.models.portrait.family import DEFAULT_REFERENCE
+from talkloop.pipeline.audio.io import write_wav
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.models.portrait.family import DEFAULT_REFERENCE
 
 pytestmark = pytest.mark.e2e
 
@@ -84,7 +84,7 @@ def test_a_photo_renders_to_an_mp4_with_sound(photo, tmp_path, wav, capsys) -> N
 
 @pytest.mark.unit
 def test_the_portrait_family_is_the_default() -> None:
-    from pipeline.cli import build_parser, config_from_args
+    from talkloop.pipeline.cli import build_parser, config_from_args
 
     args = build_parser().parse_args(["render", "--audio", "a.wav", "--out", "b.mp4"])
     config = config_from_args(args)
@@ -94,7 +94,7 @@ def test_the_portrait_family_is_the_default() -> None:
 
 def test_the_default_opens_the_mouth_in_speech_and_closes_it_in_pauses(tmp_path, speech) -> None:
     """Read from the pixels (no network): the dark mouth cavity in speech vs pauses."""
-    from pipeline.models.portrait.face import detect_faces, face_landmarks
+    from talkloop.pipeline.models.portrait.face import detect_faces, face_landmarks
 
     pause = np.zeros(int(1.2 * 16000), np.float32)
     wav, out = tmp_path / "speech.wav", tmp_path / "out.mp4"
@@ -116,7 +116,7 @@ def test_the_default_opens_the_mouth_in_speech_and_closes_it_in_pauses(tmp_path,
 
 @pytest.mark.unit
 def test_missing_portrait_weights_say_so(tmp_path, wav, capsys, monkeypatch) -> None:
-    import pipeline.models.portrait.family as portrait
+    import talkloop.pipeline.models.portrait.family as portrait
 
     monkeypatch.setattr(portrait, "INSTALLED_WEIGHTS", tmp_path / "no-weights-here")
     out = tmp_path / "out.mp4"

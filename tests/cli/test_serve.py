@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from pipeline.cli import main
+from talkloop.pipeline.cli import main
 
 pytestmark = pytest.mark.unit
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
@@ -37,8 +37,8 @@ def test_bad_max_lag(capsys, value: str) -> None:
 
 
 def test_max_lag_reaches_the_calls(monkeypatch, capsys) -> None:
-    import rtc.app
-    from rtc.call import CallConfig
+    import talkloop.rtc.app
+    from talkloop.rtc.call import CallConfig
 
     seen: list[CallConfig] = []
 
@@ -47,7 +47,7 @@ def test_max_lag_reaches_the_calls(monkeypatch, capsys) -> None:
     ):
         seen.append(call_config)
 
-    monkeypatch.setattr(rtc.app, "serve_forever", fake_serve_forever)
+    monkeypatch.setattr(talkloop.rtc.app, "serve_forever", fake_serve_forever)
     assert main(["serve", *TINY, "--max-lag-ms", "400", "--playout-delay-ms", "700"]) == 0
     assert main(["serve", *TINY]) == 0
     assert (seen[0].max_lag_ms, seen[0].playout_delay_ms) == (400, 700)
@@ -55,7 +55,7 @@ def test_max_lag_reaches_the_calls(monkeypatch, capsys) -> None:
 
 
 def test_help_documents_max_lag(capsys) -> None:
-    from rtc.call import CallConfig
+    from talkloop.rtc.call import CallConfig
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.cluster.manifest import read_manifest
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.cluster.manifest import read_manifest
 
 pytestmark = pytest.mark.unit
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.core import config as config_mod
-from pipeline.core.config import ModelConfig
-from pipeline.train.config import TrainConfig
-from pipeline.train.trainer import Trainer
+from talkloop.pipeline.core import config as config_mod
+from talkloop.pipeline.core.config import ModelConfig
+from talkloop.pipeline.train.config import TrainConfig
+from talkloop.pipeline.train.trainer import Trainer
 
 pytestmark = pytest.mark.unit
 

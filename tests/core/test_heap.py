@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pipeline.bench.worker import rss_mb
-from pipeline.core.heap import release_free_memory
+from talkloop.pipeline.bench.worker import rss_mb
+from talkloop.pipeline.core.heap import release_free_memory
 
 
 @pytest.mark.unit

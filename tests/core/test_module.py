@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.errors import CheckpointError, ConfigError
-from pipeline.core.module import Module
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import load_modules
-from pipeline.models.studio.a2v import A2VDiT
-from pipeline.models.studio.family import StudioConfig
+from talkloop.pipeline.core.errors import CheckpointError, ConfigError
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import load_modules
+from talkloop.pipeline.models.studio.a2v import A2VDiT
+from talkloop.pipeline.models.studio.family import StudioConfig
 
 from support import CollectSink, make_reference, tiny_config
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.clock import frame_start_sample, frames_for_samples
-from pipeline.core.errors import InputError, PipelineError, SessionClosedError
-from pipeline.core.graph import Phase, default_phases
-from pipeline.core.pipeline import Pipeline
-from pipeline.core.stage import Stage, StageContext
+from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
+from talkloop.pipeline.core.errors import InputError, PipelineError, SessionClosedError
+from talkloop.pipeline.core.graph import Phase, default_phases
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.core.stage import Stage, StageContext
 
 from support import CollectSink, make_reference, tiny_config
 

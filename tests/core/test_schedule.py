@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.core.clock import frame_at_sample, frame_start_sample, frames_for_samples
-from pipeline.core.config import ScheduleConfig
-from pipeline.core.schedule import IChunk, NChunk, Timeline
+from talkloop.pipeline.core.clock import frame_at_sample, frame_start_sample, frames_for_samples
+from talkloop.pipeline.core.config import ScheduleConfig
+from talkloop.pipeline.core.schedule import IChunk, NChunk, Timeline
 
 pytestmark = pytest.mark.unit
 

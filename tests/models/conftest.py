@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.models.studio.family import StudioConfig
-from pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
+from talkloop.pipeline.models.studio.family import StudioConfig
+from talkloop.pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pydantic
 import pytest
 import torch
 
-from pipeline.models.studio.a2v import A2VConfig, A2VDiT, lowres
-from pipeline.models.studio.sampling import (
+from talkloop.pipeline.models.studio.a2v import A2VConfig, A2VDiT, lowres
+from talkloop.pipeline.models.studio.sampling import (
     euler_sample,
     flow_matching_loss,
     sampling_schedule,

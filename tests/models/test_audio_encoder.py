@@ -8,7 +8,7 @@ import pydantic
 import pytest
 import torch
 
-from pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
+from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
 
 pytestmark = pytest.mark.unit
 

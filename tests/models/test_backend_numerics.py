@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.backends import available_backends
+from talkloop.pipeline.backends import available_backends
 
 pytestmark = pytest.mark.e2e
 
@@ -34,9 +34,9 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def clip():
-    from pipeline.models.studio.family import installed_weights
-    from pipeline.studio.dataset import make_clip
-    from pipeline.studio.renderer import Renderer
+    from talkloop.pipeline.models.studio.family import installed_weights
+    from talkloop.pipeline.studio.dataset import make_clip
+    from talkloop.pipeline.studio.renderer import Renderer
 
     if installed_weights() is None:
         pytest.skip("needs the trained studio weights")
@@ -45,10 +45,10 @@ def clip():
 
 
 def _render(backend: str, clip) -> tuple[np.ndarray, dict]:
-    from pipeline.backends.report import describe
-    from pipeline.core.config import build_config
-    from pipeline.core.pipeline import Pipeline
-    from pipeline.render import audio_blocks
+    from talkloop.pipeline.backends.report import describe
+    from talkloop.pipeline.core.config import build_config
+    from talkloop.pipeline.core.pipeline import Pipeline
+    from talkloop.pipeline.render import audio_blocks
 
     c, reference = clip
     config = build_config(model={"family": "studio", "backend": backend, "dtype": "float32"})
@@ -86,10 +86,10 @@ def test_int8_decoder_matches_float32_on_studio_latents(backend) -> None:
     """The decoder alone: int8 graph vs torch float32 on the calibration clips' own inputs."""
     import torch
 
-    from pipeline.core.config import build_config
-    from pipeline.models.registry import load_modules
-    from pipeline.models.studio.backend import calibration_inputs
-    from pipeline.models.studio.vae import Decoder
+    from talkloop.pipeline.core.config import build_config
+    from talkloop.pipeline.models.registry import load_modules
+    from talkloop.pipeline.models.studio.backend import calibration_inputs
+    from talkloop.pipeline.models.studio.vae import Decoder
 
     modules = load_modules(build_config(model={"family": "studio", "backend": backend}))
     vae = modules["vae"].net

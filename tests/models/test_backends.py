@@ -10,13 +10,13 @@ import json
 import pytest
 import torch
 
-from pipeline.backends import cache as cache_mod
-from pipeline.backends.graph import GraphForward
-from pipeline.backends.runtime import available_backends, check_available
-from pipeline.backends.select import resolve_backend
-from pipeline.core.config import build_config
-from pipeline.core.errors import ConfigError
-from pipeline.models.studio.family import StudioConfig, build_networks
+from talkloop.pipeline.backends import cache as cache_mod
+from talkloop.pipeline.backends.graph import GraphForward
+from talkloop.pipeline.backends.runtime import available_backends, check_available
+from talkloop.pipeline.backends.select import resolve_backend
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.models.studio.family import StudioConfig, build_networks
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_backend_flag_parses_into_the_config() -> None:
-    from pipeline.cli import build_parser, config_from_args
+    from talkloop.pipeline.cli import build_parser, config_from_args
 
     parser = build_parser()
     for name in ("auto", "torch", "onnxruntime", "openvino"):
@@ -68,7 +68,8 @@ def test_auto_times_the_candidates_once_and_caches_the_fastest(cache, monkeypatc
     import time
 
     monkeypatch.setattr(
-        "pipeline.backends.select.available_backends", lambda: ("torch", "onnxruntime", "openvino")
+        "talkloop.pipeline.backends.select.available_backends",
+        lambda: ("torch", "onnxruntime", "openvino"),
     )
     calls: list[tuple[str, ...]] = []
     delay = {"torch": 0.004, "onnxruntime": 0.001, "openvino": 0.008}
@@ -115,7 +116,7 @@ def test_weights_hash_follows_the_weights() -> None:
 
 @pytest.mark.parametrize("backend", EXPORTED)
 def test_exported_graphs_match_torch_at_any_frame_count(backend, cache, randomise) -> None:
-    from pipeline.models.studio.backend import A2VForward, _ClassForward
+    from talkloop.pipeline.models.studio.backend import A2VForward, _ClassForward
 
     torch.manual_seed(0)
     nets = build_networks(StudioConfig.tiny())
@@ -160,8 +161,8 @@ def test_tanh_gelu_exports_as_one_node(cache) -> None:
     import onnx
     from torch import nn
 
-    from pipeline.backends.export import export_onnx
-    from pipeline.models.studio.layers import Mlp
+    from talkloop.pipeline.backends.export import export_onnx
+    from talkloop.pipeline.models.studio.layers import Mlp
 
     torch.manual_seed(0)
     mlp = Mlp(16, 64).eval()
@@ -186,7 +187,7 @@ def test_tanh_gelu_exports_as_one_node(cache) -> None:
 def test_decoder_graph_computes_the_decoder(preset, cache, randomise) -> None:
     """The decoder as exported (a transposed conv for the 2x shuffle, the 4x4 cells channels-
     last) gives the decoder's frames, in torch and through each backend's float32 graph."""
-    from pipeline.models.studio.backend import DecoderGraph, cells_to_frames
+    from talkloop.pipeline.models.studio.backend import DecoderGraph, cells_to_frames
 
     torch.manual_seed(0)
     decoder = randomise(build_networks(getattr(StudioConfig, preset)())["vae"].decoder, std=0.05)
@@ -207,8 +208,8 @@ def test_decoder_graph_computes_the_decoder(preset, cache, randomise) -> None:
 def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
     """A live server (short chunks) and an offline render of the same weights each rank the
     backends on their own chunk's work, once: the ranking differs between the two."""
-    from pipeline.models.registry import load_modules
-    from pipeline.models.studio.backend import probe_shapes
+    from talkloop.pipeline.models.registry import load_modules
+    from talkloop.pipeline.models.studio.backend import probe_shapes
 
     from support import tiny_config
 
@@ -230,8 +231,8 @@ def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
 def test_studio_auto_probes_networks_that_compute_in_bf16(cache) -> None:
     """Where the networks compute in bf16, the exported probes run float32 copies (exporting the
     bf16 SR and mouth nets themselves failed with a dtype mismatch)."""
-    from pipeline.backends.report import describe
-    from pipeline.models.registry import load_modules
+    from talkloop.pipeline.backends.report import describe
+    from talkloop.pipeline.models.registry import load_modules
 
     from support import tiny_config
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
 
 from support import make_reference, tiny_config
 

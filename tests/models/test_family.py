@@ -6,9 +6,9 @@ import pydantic
 import pytest
 import torch
 
-from pipeline.models.studio.a2v import lowres
-from pipeline.models.studio.family import NETWORK_KEYS, StudioConfig, build_networks
-from pipeline.models.studio.sampling import euler_sample
+from talkloop.pipeline.models.studio.a2v import lowres
+from talkloop.pipeline.models.studio.family import NETWORK_KEYS, StudioConfig, build_networks
+from talkloop.pipeline.models.studio.sampling import euler_sample
 
 pytestmark = pytest.mark.unit
 
@@ -96,8 +96,8 @@ def test_weights_trained_before_an_optional_module_still_load(
     (sized from the folder's other networks) and says what is lost; half a pair is an error."""
     import shutil
 
-    from pipeline.models.registry import load_modules
-    from pipeline.models.studio.family import INSTALLED_WEIGHTS
+    from talkloop.pipeline.models.registry import load_modules
+    from talkloop.pipeline.models.studio.family import INSTALLED_WEIGHTS
 
     from support import tiny_config
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-import pipeline.models.sizes as sizes
-from pipeline.core.config import build_config
-from pipeline.models import registry
-from pipeline.models.sizes import native_sizes, size_warning, warn_unless_native_size
+import talkloop.pipeline.models.sizes as sizes
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.models import registry
+from talkloop.pipeline.models.sizes import native_sizes, size_warning, warn_unless_native_size
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +72,7 @@ def test_loading_a_model_warns_once(monkeypatch, caplog) -> None:
 
 @pytest.mark.parametrize("command", ["render", "serve", "bench"])
 def test_help_says_what_other_sizes_give(capsys, command: str) -> None:
-    from pipeline.cli import main
+    from talkloop.pipeline.cli import main
 
     with pytest.raises(SystemExit):
         main([command, "--help"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.studio.mouth import MOUTH_FIELDS, MouthConfig, MouthNet
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.studio.mouth import MOUTH_FIELDS, MouthConfig, MouthNet
 
 from support import CollectSink, make_reference, tiny_config
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.models.studio.sr import SRConfig, SRDiT, sr_loss
+from talkloop.pipeline.models.studio.sr import SRConfig, SRDiT, sr_loss
 
 pytestmark = pytest.mark.unit
 

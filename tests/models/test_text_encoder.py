@@ -6,7 +6,7 @@ import pydantic
 import pytest
 import torch
 
-from pipeline.models.studio.text_encoder import TextEncoderConfig
+from talkloop.pipeline.models.studio.text_encoder import TextEncoderConfig
 
 pytestmark = pytest.mark.unit
 
@@ -43,8 +43,8 @@ def test_dim_is_fixed() -> None:
 
 
 def test_missing_package_is_a_checkpoint_error(monkeypatch) -> None:
-    from pipeline.core.errors import CheckpointError
-    from pipeline.models.studio import text_encoder as te
+    from talkloop.pipeline.core.errors import CheckpointError
+    from talkloop.pipeline.models.studio import text_encoder as te
 
     real = te.importlib.util.find_spec
     monkeypatch.setattr(

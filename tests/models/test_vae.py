@@ -7,9 +7,9 @@ import pydantic
 import pytest
 import torch
 
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.studio.vae import StudioVAE, VAEConfig
-from pipeline.stages.decode import micro_batch
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.studio.vae import StudioVAE, VAEConfig
+from talkloop.pipeline.stages.decode import micro_batch
 
 from support import CollectSink, make_reference, tiny_config
 

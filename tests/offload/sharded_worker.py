@@ -14,12 +14,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest helpers
 
-from pipeline.assets import HELLO_WAV  # noqa: E402
-from pipeline.audio.io import load_audio  # noqa: E402
-from pipeline.core.pipeline import Pipeline  # noqa: E402
-from pipeline.models.registry import load_modules  # noqa: E402
-from pipeline.offload.distributed import is_publisher  # noqa: E402
-from pipeline.offload.placement import apply_placement  # noqa: E402
+from talkloop.pipeline.assets import HELLO_WAV  # noqa: E402
+from talkloop.pipeline.audio.io import load_audio  # noqa: E402
+from talkloop.pipeline.core.pipeline import Pipeline  # noqa: E402
+from talkloop.pipeline.models.registry import load_modules  # noqa: E402
+from talkloop.pipeline.offload.distributed import is_publisher  # noqa: E402
+from talkloop.pipeline.offload.placement import apply_placement  # noqa: E402
 
 from support import CollectSink, liven, make_reference, tiny_config  # noqa: E402
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import load_modules
-from pipeline.offload.offloaded import BlockOffloader
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import load_modules
+from talkloop.pipeline.offload.offloaded import BlockOffloader
 
 from support import CollectSink, liven, make_reference, tiny_config
 

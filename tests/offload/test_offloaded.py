@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.module import Module
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import load_modules
-from pipeline.models.studio.a2v import A2VConfig
-from pipeline.models.studio.family import STUDIO_MODULES, StudioConfig, build_networks
-from pipeline.models.studio.sr import SRConfig
-from pipeline.offload.device import CpuOps
-from pipeline.offload.offloaded import BlockOffloader
-from pipeline.offload.placement import apply_placement, memory_report
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import load_modules
+from talkloop.pipeline.models.studio.a2v import A2VConfig
+from talkloop.pipeline.models.studio.family import STUDIO_MODULES, StudioConfig, build_networks
+from talkloop.pipeline.models.studio.sr import SRConfig
+from talkloop.pipeline.offload.device import CpuOps
+from talkloop.pipeline.offload.offloaded import BlockOffloader
+from talkloop.pipeline.offload.placement import apply_placement, memory_report
 
 from support import CollectSink, liven, make_reference, tiny_config
 

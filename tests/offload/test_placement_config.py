@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.module import Module
-from pipeline.offload.device import CpuOps
-from pipeline.offload.distributed import bind_numa, numa_cpus, parse_cpulist
-from pipeline.offload.offloaded import BlockOffloader
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.offload.device import CpuOps
+from talkloop.pipeline.offload.distributed import bind_numa, numa_cpus, parse_cpulist
+from talkloop.pipeline.offload.offloaded import BlockOffloader
 
 from support import tiny_config
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import load_modules
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import load_modules
 
 from support import CollectSink, liven, make_reference, tiny_config
 

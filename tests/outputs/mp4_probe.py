@@ -8,8 +8,8 @@ from pathlib import Path
 import av
 import numpy as np
 
-from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-from pipeline.outputs.mp4 import Mp4Sink
+from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
 
 def make_frame(j: int, height: int, width: int) -> np.ndarray:

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-from pipeline.outputs.background import BackgroundSink
+from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from talkloop.pipeline.outputs.background import BackgroundSink
 
 from support import CollectSink
 

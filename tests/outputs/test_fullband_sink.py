@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-from pipeline.outputs.fullband import FullBandSink
+from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from talkloop.pipeline.outputs.fullband import FullBandSink
 
 from support import CollectSink
 

@@ -9,10 +9,10 @@ import av
 import numpy as np
 import pytest
 
-from pipeline.core.errors import ConfigError, InputError
-from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-from pipeline.outputs.mp4 import Mp4Sink
-from pipeline.outputs.sink import Sink
+from talkloop.pipeline.core.errors import ConfigError, InputError
+from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from talkloop.pipeline.outputs.mp4 import Mp4Sink
+from talkloop.pipeline.outputs.sink import Sink
 
 from mp4_probe import make_audio, make_frame, probe, render
 

@@ -10,8 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-from pipeline.outputs.mp4 import Mp4Sink
+from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
 from mp4_probe import make_audio, make_frame, probe
 
@@ -52,8 +52,8 @@ KILLED_WRITER = textwrap.dedent(
     import numpy as np
     sys.path.insert(0, {helpers!r})
     from mp4_probe import make_audio, make_frame
-    from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-    from pipeline.outputs.mp4 import Mp4Sink
+    from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+    from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
     info = StreamInfo(width=64, height=64, fps=25, sample_rate=16000)
     sink = Mp4Sink({target!r})

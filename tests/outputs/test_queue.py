@@ -7,10 +7,10 @@ import threading
 import numpy as np
 import pytest
 
-from pipeline.core.errors import BusyError, ConfigError, SessionClosedError
-from pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-from pipeline.outputs.queue import FrameQueueSink, LiveFrame
-from pipeline.outputs.sink import Sink
+from talkloop.pipeline.core.errors import BusyError, ConfigError, SessionClosedError
+from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
+from talkloop.pipeline.outputs.queue import FrameQueueSink, LiveFrame
+from talkloop.pipeline.outputs.sink import Sink
 
 pytestmark = pytest.mark.unit
 

@@ -12,14 +12,14 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from pipeline.cli import main
-from pipeline.core.config import build_config
-from pipeline.core.pipeline import Pipeline
-from rtc.app import live_config_dict
-from rtc.call import CallConfig
-from rtc.security import AccessPolicy, check_exposure, normalize_origin
-from rtc.server import AvatarServer
-from rtc.tls import fingerprint, self_signed, server_context
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.rtc.app import live_config_dict
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.security import AccessPolicy, check_exposure, normalize_origin
+from talkloop.rtc.server import AvatarServer
+from talkloop.rtc.tls import fingerprint, self_signed, server_context
 
 from support import make_reference, tiny_config
 
@@ -91,7 +91,7 @@ def test_https_page_and_wss_session_with_a_self_signed_certificate(pipeline, tmp
 
 
 def test_bad_tls_files_are_one_clear_error(tmp_path) -> None:
-    from pipeline.core.errors import ConfigError
+    from talkloop.pipeline.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--tls-cert: no such file"):
         server_context(tmp_path / "nope.pem", tmp_path / "nope.key")
@@ -162,7 +162,7 @@ def test_origins_are_normalised_and_checked_against_the_host_header() -> None:
     assert not policy.origin_ok("https://evil.lan", "host.lan", "https")
     assert not policy.origin_ok("https://host.lan", None, "https")
     assert policy.origin_ok(None, "host.lan", "https")
-    from pipeline.core.errors import ConfigError
+    from talkloop.pipeline.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="no path"):
         normalize_origin("https://a.example/app")
@@ -252,7 +252,7 @@ def test_a_connected_agent_keeps_a_session_without_an_offer(pipeline) -> None:
 
 
 def test_exposure_needs_a_token_and_tls_unless_insecure() -> None:
-    from pipeline.core.errors import ConfigError
+    from talkloop.pipeline.core.errors import ConfigError
 
     check_exposure("127.0.0.1", None, False, False)
     check_exposure("localhost", None, False, False)
@@ -268,7 +268,7 @@ def test_exposure_needs_a_token_and_tls_unless_insecure() -> None:
 @pytest.fixture
 def served(monkeypatch):
     """`talkloop serve` up to the server start; the keyword arguments it would serve with."""
-    import rtc.app
+    import talkloop.rtc.app
 
     seen: list[dict] = []
 
@@ -277,7 +277,7 @@ def served(monkeypatch):
     ):
         seen.append({"host": host, "max_sessions": max_sessions, **k})
 
-    monkeypatch.setattr(rtc.app, "serve_forever", fake_serve_forever)
+    monkeypatch.setattr(talkloop.rtc.app, "serve_forever", fake_serve_forever)
     return seen
 
 
@@ -342,7 +342,7 @@ def test_the_server_itself_refuses_offloaded_placement_for_several_sessions() ->
     """Not only the CLI: an in-process AvatarServer (tests, embedders) is refused too."""
     from types import SimpleNamespace
 
-    from pipeline.core.errors import ConfigError
+    from talkloop.pipeline.core.errors import ConfigError
 
     offloaded = SimpleNamespace(config=tiny_config(model={"placement": {"a2v": "offloaded"}}))
     with pytest.raises(ConfigError, match="--max-sessions is 2"):

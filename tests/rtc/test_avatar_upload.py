@@ -12,14 +12,14 @@ import pytest
 import websockets
 from PIL import Image
 
-from agent.protocol import ProtocolError
-from pipeline.core.config import build_config
-from pipeline.core.pipeline import Pipeline
-from pipeline.reference import fit_array
-from rtc.app import live_config_dict
-from rtc.avatar import MAX_AVATAR_BYTES, decode_avatar
-from rtc.call import CallConfig
-from rtc.server import AvatarServer
+from talkloop.agent.protocol import ProtocolError
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.reference import fit_array
+from talkloop.rtc.app import live_config_dict
+from talkloop.rtc.avatar import MAX_AVATAR_BYTES, decode_avatar
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.server import AvatarServer
 
 from support import make_reference, tiny_config
 
@@ -33,7 +33,7 @@ def encoded(image: np.ndarray, fmt: str = "JPEG", **save) -> str:
 
 
 def portrait_photo() -> np.ndarray:
-    from pipeline.models.portrait.family import DEFAULT_REFERENCE
+    from talkloop.pipeline.models.portrait.family import DEFAULT_REFERENCE
 
     with Image.open(DEFAULT_REFERENCE) as im:
         return np.asarray(im.convert("RGB")).copy()

@@ -77,7 +77,7 @@ def test_falling_behind_drops_video_never_audio_and_recovers() -> None:
 
 
 def test_mouth_moves_with_speech_and_rests_in_silence() -> None:
-    from pipeline.models.studio.family import installed_weights
+    from talkloop.pipeline.models.studio.family import installed_weights
 
     if installed_weights() is None:
         pytest.skip("needs the trained default weights (issue 3): random weights draw no mouth")

@@ -16,9 +16,9 @@ from aiortc.codecs.h264 import H264PayloadDescriptor
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from PIL import Image
 
-from pipeline.models.studio.family import DEFAULT_REFERENCE
-from rtc.encoder import X264_PRESET, X264_THREADS, AvatarH264Encoder, avatar_encoder
-from rtc.peer import Peer
+from talkloop.pipeline.models.studio.family import DEFAULT_REFERENCE
+from talkloop.rtc.encoder import X264_PRESET, X264_THREADS, AvatarH264Encoder, avatar_encoder
+from talkloop.rtc.peer import Peer
 
 pytestmark = pytest.mark.unit
 

@@ -10,15 +10,15 @@ import pytest
 import websockets
 from aiortc.rtcconfiguration import RTCIceTransportPolicy
 
-from pipeline.cli import main
-from pipeline.core.config import build_config
-from pipeline.core.errors import ConfigError
-from pipeline.core.pipeline import Pipeline
-from rtc.app import live_config_dict
-from rtc.call import CallConfig
-from rtc.ice import IceConfig, check_ice_url
-from rtc.peer import Peer
-from rtc.server import AvatarServer
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.rtc.app import live_config_dict
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.ice import IceConfig, check_ice_url
+from talkloop.rtc.peer import Peer
+from talkloop.rtc.server import AvatarServer
 
 from support import make_reference, tiny_config
 
@@ -103,14 +103,14 @@ def test_inconsistent_ice_settings_are_refused(kw, message) -> None:
 
 @pytest.fixture
 def served(monkeypatch):
-    import rtc.app
+    import talkloop.rtc.app
 
     seen: list[dict] = []
 
     async def fake_serve_forever(*a, **k):
         seen.append(k)
 
-    monkeypatch.setattr(rtc.app, "serve_forever", fake_serve_forever)
+    monkeypatch.setattr(talkloop.rtc.app, "serve_forever", fake_serve_forever)
     return seen
 
 
@@ -154,8 +154,8 @@ def test_ice_flags_reach_the_server(served, tmp_path) -> None:
 def test_the_session_message_tells_the_page_and_the_peer_uses_them(
     tiny_modules, monkeypatch
 ) -> None:
-    import rtc.server
-    from rtc.protocol import ProtocolError
+    import talkloop.rtc.server
+    from talkloop.rtc.protocol import ProtocolError
 
     base = tiny_config().model_dump(mode="json")
     base.pop("schedule")
@@ -171,7 +171,7 @@ def test_the_session_message_tells_the_page_and_the_peer_uses_them(
         async def answer(self, sdp: str) -> str:  # no media needed: stop at the offer
             raise ProtocolError("bad_sdp", "not answered in this test")
 
-    monkeypatch.setattr(rtc.server, "Peer", RecordingPeer)
+    monkeypatch.setattr(talkloop.rtc.server, "Peer", RecordingPeer)
 
     async def body() -> tuple[dict, dict]:
         server = AvatarServer(pipeline, make_reference(), "", CallConfig(), ice=ice)

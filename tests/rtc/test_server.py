@@ -12,11 +12,11 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from pipeline.core.config import build_config
-from pipeline.core.pipeline import Pipeline
-from rtc.app import live_config_dict
-from rtc.call import CallConfig
-from rtc.server import AvatarServer
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.rtc.app import live_config_dict
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.server import AvatarServer
 
 from support import make_reference, tiny_config
 

@@ -38,7 +38,7 @@ def test_serve_stops_without_a_traceback(sig) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "pipeline.cli",
+        "talkloop.pipeline.cli",
         "serve",
         "--family",
         "studio",

@@ -6,7 +6,7 @@ import av
 import numpy as np
 import pytest
 
-from rtc.tracks import read_stamp, stamp_bits
+from talkloop.rtc.tracks import read_stamp, stamp_bits
 
 
 def h264_round_trip(frames: list[np.ndarray]) -> list[np.ndarray]:

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.cli import main
-from pipeline.core.clock import frames_for_samples
-from pipeline.studio.augment import augment, speed_perturb
-from pipeline.studio.dataset import load_clip, make_clip, region_weights
-from pipeline.studio.params import FRAME_FIELDS
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.core.clock import frames_for_samples
+from talkloop.pipeline.studio.augment import augment, speed_perturb
+from talkloop.pipeline.studio.dataset import load_clip, make_clip, region_weights
+from talkloop.pipeline.studio.params import FRAME_FIELDS
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +84,7 @@ def test_character_command_writes_png(tmp_path: Path) -> None:
 
 
 def test_default_reference_is_installed() -> None:
-    from pipeline.models.studio.family import DEFAULT_REFERENCE
+    from talkloop.pipeline.models.studio.family import DEFAULT_REFERENCE
 
     with Image.open(DEFAULT_REFERENCE) as im:
         assert im.size == (256, 256)

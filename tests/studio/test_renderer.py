@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.studio.character import sample_character
-from pipeline.studio.params import FrameParams
-from pipeline.studio.renderer import Renderer
+from talkloop.pipeline.studio.character import sample_character
+from talkloop.pipeline.studio.params import FrameParams
+from talkloop.pipeline.studio.renderer import Renderer
 
 pytestmark = pytest.mark.unit
 

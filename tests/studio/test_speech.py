@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.core.clock import frames_for_samples
-from pipeline.studio.espeak import ESPEAK_RATE, speak
-from pipeline.studio.visemes import is_pause, mouth_tracks
+from talkloop.pipeline.core.clock import frames_for_samples
+from talkloop.pipeline.studio.espeak import ESPEAK_RATE, speak
+from talkloop.pipeline.studio.visemes import is_pause, mouth_tracks
 
 pytestmark = pytest.mark.unit
 

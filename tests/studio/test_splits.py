@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.studio.dataset import make_clip
-from pipeline.studio.sentences import sentence_bank
-from pipeline.studio.splits import (
+from talkloop.pipeline.studio.dataset import make_clip
+from talkloop.pipeline.studio.sentences import sentence_bank
+from talkloop.pipeline.studio.splits import (
     CHARACTER_SEEDS,
     SPLITS,
     sentence_indices,
     split_of_character,
     voices,
 )
-from pipeline.studio.style import Style, describe, phrase_bank
+from talkloop.pipeline.studio.style import Style, describe, phrase_bank
 
 pytestmark = pytest.mark.unit
 

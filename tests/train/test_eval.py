@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.train.config import PHASES
-from pipeline.train.evaluate import FIELDS
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.train.config import PHASES
+from talkloop.pipeline.train.evaluate import FIELDS
 
 pytestmark = pytest.mark.unit  # ~5 s on an idle 2-core machine
 
@@ -85,8 +85,8 @@ def test_train_rejects_generation_flags_with_given_data(
 
 
 def test_model_card_reports_logged_phases_and_every_metric(tmp_path: Path) -> None:
-    from pipeline.train.card import METRICS, write_model_card
-    from pipeline.train.config import TrainConfig
+    from talkloop.pipeline.train.card import METRICS, write_model_card
+    from talkloop.pipeline.train.config import TrainConfig
 
     recipe = TrainConfig.recipe().model_dump(mode="json")
     summary = {"recipe": recipe, "latent_scale": 0.99, "clips_used": 7, "frames_used": 900}
@@ -112,8 +112,8 @@ def test_model_card_reports_logged_phases_and_every_metric(tmp_path: Path) -> No
 
 
 def test_model_card_needs_a_training_log(tmp_path: Path) -> None:
-    from pipeline.core.errors import ConfigError
-    from pipeline.train.card import write_model_card
+    from talkloop.pipeline.core.errors import ConfigError
+    from talkloop.pipeline.train.card import write_model_card
 
     with pytest.raises(ConfigError, match="train_summary.json"):
         write_model_card(tmp_path, {})

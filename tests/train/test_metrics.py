@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.train.metrics import (
+from talkloop.pipeline.train.metrics import (
     drift_per_minute,
     face_distance,
     frame_changes,

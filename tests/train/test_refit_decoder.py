@@ -9,13 +9,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.module import Module
-from pipeline.models.studio.family import STUDIO_MODULES, StudioConfig, build_networks
-from pipeline.models.studio.vae import Decoder, StudioVAE, VAEConfig
-from pipeline.train.config import PhaseConfig
-from pipeline.train.data import clip_paths, ensure_dataset
-from pipeline.train.refit_decoder import distil, distil_data, main, prune_decoder, psnr, score
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.studio.family import STUDIO_MODULES, StudioConfig, build_networks
+from talkloop.pipeline.models.studio.vae import Decoder, StudioVAE, VAEConfig
+from talkloop.pipeline.train.config import PhaseConfig
+from talkloop.pipeline.train.data import clip_paths, ensure_dataset
+from talkloop.pipeline.train.refit_decoder import (
+    distil,
+    distil_data,
+    main,
+    prune_decoder,
+    psnr,
+    score,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -88,7 +95,7 @@ def test_pruning_beats_a_fresh_decoder_and_distillation_closes_the_gap() -> None
         p_pruned, p_fresh = psnr(pruned(x), target), psnr(fresh(x), target)
     assert p_pruned > p_fresh + 3.0, (p_pruned, p_fresh)
 
-    from pipeline.train.refit_decoder import DistilData
+    from talkloop.pipeline.train.refit_decoder import DistilData
 
     data = DistilData(
         x=x,
@@ -156,8 +163,8 @@ def test_the_tool_writes_a_loadable_folder_with_the_encoder_untouched(tmp_path: 
     for row in ("pruned", "refit"):
         assert set(report[row]) >= {"psnr_vs_trained_db", "psnr_vs_truth_mouth_db"}
 
-    from pipeline.core.config import build_config
-    from pipeline.models.registry import load_modules
+    from talkloop.pipeline.core.config import build_config
+    from talkloop.pipeline.models.registry import load_modules
 
     config = build_config(
         video={"width": 64, "height": 64},

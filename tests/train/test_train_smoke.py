@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.core.errors import ConfigError
-from pipeline.studio.dataset import make_clip, write_clip
-from pipeline.train.config import PHASES, TrainConfig
-from pipeline.train.trainer import Trainer, train
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.studio.dataset import make_clip, write_clip
+from talkloop.pipeline.train.config import PHASES, TrainConfig
+from talkloop.pipeline.train.trainer import Trainer, train
 
 from support import CollectSink, tiny_config
 
@@ -126,8 +126,8 @@ def test_saved_weights_load_and_render(clips: Path, tmp_path: Path) -> None:
     assert {row["phase"] for row in log} == set(phases)
     assert all(np.isfinite(row["loss"]) for row in log)
 
-    from pipeline.core.pipeline import Pipeline
-    from pipeline.models.registry import load_modules
+    from talkloop.pipeline.core.pipeline import Pipeline
+    from talkloop.pipeline.models.registry import load_modules
 
     config = tiny_config(model={"weights": str(out), "untrained": False})
     modules = load_modules(config)
@@ -147,8 +147,8 @@ def test_a2v_prompts_redescribe_each_clips_style_with_training_phrases(
 ) -> None:
     """Variant 0 is the clip's own prompt; the others are fresh training-bank descriptions of the
     same style (so the model learns the words, not one sentence per clip)."""
-    from pipeline.studio.style import describe
-    from pipeline.train.trainer import PROMPT_VARIANTS
+    from talkloop.pipeline.studio.style import describe
+    from talkloop.pipeline.train.trainer import PROMPT_VARIANTS
 
     trainer = Trainer(_recipe(), tmp_path, data=clips, progress=False)
     trainer.prepare_pixels()
@@ -178,8 +178,8 @@ def test_generated_clips_share_characters_so_the_face_does_not_tell_the_style(
 ) -> None:
     """With every face in several clips (``clips_per_character``), only the prompt says which
     style a clip has; one clip per face would let a network memorise "this face smiles"."""
-    from pipeline.studio.dataset import load_clip
-    from pipeline.train.data import clip_paths, ensure_dataset
+    from talkloop.pipeline.studio.dataset import load_clip
+    from talkloop.pipeline.train.data import clip_paths, ensure_dataset
 
     cfg = TrainConfig.recipe("tiny", clips=4, clips_per_character=4)
     assert cfg.characters == 1 and TrainConfig.recipe("default").characters == 100
@@ -196,7 +196,7 @@ def test_generated_clips_share_characters_so_the_face_does_not_tell_the_style(
 def test_readout_renders_vary_the_smile_within_each_face() -> None:
     """The readout's smile target must not be readable from the face alone: within one character
     it varies frame by frame over most of [-1, 1]."""
-    from pipeline.train.data import readout_renders
+    from talkloop.pipeline.train.data import readout_renders
 
     first = list(readout_renders(3, 8, 64, seed=0))
     assert len(first) == 3
@@ -212,8 +212,8 @@ def test_readout_renders_vary_the_smile_within_each_face() -> None:
 def test_expression_pairs_change_the_face_only_where_the_prompt_names_a_smile() -> None:
     """A prompt with smile words targets that smile; any other prompt (or none) targets the
     reference itself, so the net learns to leave a face alone when the prompt says nothing."""
-    from pipeline.studio.style import field_phrases
-    from pipeline.train.data import expression_pairs
+    from talkloop.pipeline.studio.style import field_phrases
+    from talkloop.pipeline.train.data import expression_pairs
 
     smiling = field_phrases("smile", True, False)
     serious = field_phrases("smile", False, False)
@@ -238,7 +238,7 @@ def test_expression_pairs_change_the_face_only_where_the_prompt_names_a_smile() 
 def test_mouth_pairs_differ_only_around_the_mouth() -> None:
     """The wrong frame is the right one with another mouth: same pose, eyes and background, the
     difference only around the mouth and jaw; a few pairs keep the right mouth."""
-    from pipeline.train.data import mouth_pairs
+    from talkloop.pipeline.train.data import mouth_pairs
 
     kept = moved = 0
     for pair in mouth_pairs(6, 8, 64, seed=0):
@@ -267,8 +267,8 @@ def test_resume_of_a_checkpoint_from_before_the_expression_phase(
 ) -> None:
     """A checkpoint without expression weights resumes and trains that phase; one that claims the
     phase done without its weights is refused."""
-    from pipeline.core.errors import CheckpointError
-    from pipeline.train.trainer import CHECKPOINT
+    from talkloop.pipeline.core.errors import CheckpointError
+    from talkloop.pipeline.train.trainer import CHECKPOINT
 
     cfg = _recipe(vae=4, a2v=2, sr=2, readout=2, expression=3, mouth=2)
     trainer = Trainer(cfg, tmp_path / "w", data=clips, progress=False)

@@ -12,9 +12,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "rtc" / "scenarios"))
 
-from agent.tts import EspeakTTS  # noqa: E402
-from rtc.call import CallConfig  # noqa: E402
-from rtc.client import run_call  # noqa: E402
+from talkloop.agent.tts import EspeakTTS  # noqa: E402
+from talkloop.rtc.call import CallConfig  # noqa: E402
+from talkloop.rtc.client import run_call  # noqa: E402
 
 from common import emit, start_server, tiny_live_pipeline  # noqa: E402
 

@@ -23,12 +23,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.cluster.connect import token_auth_env  # noqa: E402
-from rtc.client import run_call, wait_serving  # noqa: E402
+from talkloop.pipeline.cluster.connect import token_auth_env  # noqa: E402
+from talkloop.rtc.client import run_call, wait_serving  # noqa: E402
 
 HEAD, WORKER, FRONT = "127.0.0.1", "127.0.0.2", "127.0.0.2"
 GCS_PORT, FRONT_PORT = 6390, 8091
-TALKLOOP = [sys.executable, "-m", "pipeline.cli"]
+TALKLOOP = [sys.executable, "-m", "talkloop.pipeline.cli"]
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 TINY += ["--steps", "2", "--backend", "torch"]
 

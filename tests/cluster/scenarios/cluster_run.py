@@ -32,16 +32,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from pipeline.assets import HELLO_WAV  # noqa: E402
-from pipeline.audio.io import load_audio  # noqa: E402
-from pipeline.cluster.connect import SLOT  # noqa: E402
-from pipeline.core.config import build_config  # noqa: E402
-from rtc.app import live_config_dict  # noqa: E402
-from rtc.call import CallConfig  # noqa: E402
-from rtc.call_host import HostSpec  # noqa: E402
-from rtc.client import WavMicrophone  # noqa: E402
-from rtc.cluster import ClusterServer  # noqa: E402
-from rtc.ice import IceConfig  # noqa: E402
+from talkloop.pipeline.assets import HELLO_WAV  # noqa: E402
+from talkloop.pipeline.audio.io import load_audio  # noqa: E402
+from talkloop.pipeline.cluster.connect import SLOT  # noqa: E402
+from talkloop.pipeline.core.config import build_config  # noqa: E402
+from talkloop.rtc.app import live_config_dict  # noqa: E402
+from talkloop.rtc.call import CallConfig  # noqa: E402
+from talkloop.rtc.call_host import HostSpec  # noqa: E402
+from talkloop.rtc.client import WavMicrophone  # noqa: E402
+from talkloop.rtc.cluster import ClusterServer  # noqa: E402
+from talkloop.rtc.ice import IceConfig  # noqa: E402
 
 from support import make_reference, tiny_config  # noqa: E402
 
@@ -84,7 +84,15 @@ def batch(folder: Path, address: str, speech: np.ndarray) -> dict:
     manifest = folder / "batch.csv"
     manifest.write_text("\n".join(rows) + "\n")
     out = folder / "out"
-    cmd = [sys.executable, "-m", "pipeline.cli", "render-batch", str(manifest), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "talkloop.pipeline.cli",
+        "render-batch",
+        str(manifest),
+        "--out",
+        str(out),
+    ]
     cmd += ["--cluster", address, *TINY]
     runs = []
     for _ in range(2):

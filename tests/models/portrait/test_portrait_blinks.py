@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.models.portrait.blinks import blink_track
+from talkloop.pipeline.models.portrait.blinks import blink_track
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.core.errors import InputError
-from pipeline.models.portrait import face as F
+from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.models.portrait import face as F
 
 pytestmark = pytest.mark.unit
 

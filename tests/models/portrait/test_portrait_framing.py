@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.core.errors import InputError
-from pipeline.models.portrait import face as F
-from pipeline.models.portrait import framing
-from pipeline.models.portrait.framing import (
+from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.models.portrait import face as F
+from talkloop.pipeline.models.portrait import framing
+from talkloop.pipeline.models.portrait.framing import (
     EYE_LINE,
     eye_centre,
     face_height,

@@ -8,24 +8,24 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.core.config import SamplerConfig, ScheduleConfig
-from pipeline.core.errors import CheckpointError
-from pipeline.core.schedule import Timeline
-from pipeline.models.portrait.motion import (
+from talkloop.pipeline.core.config import SamplerConfig, ScheduleConfig
+from talkloop.pipeline.core.errors import CheckpointError
+from talkloop.pipeline.core.schedule import Timeline
+from talkloop.pipeline.models.portrait.motion import (
     FIELD_RANGES,
     PortraitMotionConfig,
     build_motion,
     load_motion,
     load_motion_config,
 )
-from pipeline.models.studio.sampling import euler_sample
-from pipeline.studio.dataset import make_clip
-from pipeline.studio.params import FRAME_FIELDS
-from pipeline.train.metrics import lipsync
+from talkloop.pipeline.models.studio.sampling import euler_sample
+from talkloop.pipeline.studio.dataset import make_clip
+from talkloop.pipeline.studio.params import FRAME_FIELDS
+from talkloop.pipeline.train.metrics import lipsync
 
 pytestmark = pytest.mark.unit
 
-SHIPPED = Path(__file__).parents[3] / "pipeline" / "models" / "portrait" / "weights"
+SHIPPED = Path(__file__).parents[3] / "talkloop" / "pipeline" / "models" / "portrait" / "weights"
 MEAN = np.linspace(-0.2, 0.3, 16)
 STD = np.linspace(0.01, 0.5, 16)
 
@@ -128,7 +128,7 @@ def test_untrained_net_samples_finite_parameters_and_keeps_given_frames(
 
 @pytest.fixture(scope="module")
 def shipped_runner():
-    from pipeline.models.portrait.evaluate import load_runner
+    from talkloop.pipeline.models.portrait.evaluate import load_runner
 
     if not (SHIPPED / "a2v.safetensors").is_file():
         pytest.fail(f"no shipped portrait motion weights in {SHIPPED}")

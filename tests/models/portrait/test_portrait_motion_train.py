@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.cli import main
-from pipeline.core.config import SamplerConfig, ScheduleConfig
-from pipeline.core.errors import ConfigError
-from pipeline.models.portrait.evaluate import load_runner
-from pipeline.models.portrait.motion import build_motion, load_motion
-from pipeline.models.portrait.train import (
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.core.config import SamplerConfig, ScheduleConfig
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.models.portrait.evaluate import load_runner
+from talkloop.pipeline.models.portrait.motion import build_motion, load_motion
+from talkloop.pipeline.models.portrait.train import (
     STUDIO_WEIGHTS,
     MotionTrainConfig,
     audio_features,
@@ -24,7 +24,7 @@ from pipeline.models.portrait.train import (
     train_motion,
     validation_loss,
 )
-from pipeline.studio.dataset import make_clip
+from talkloop.pipeline.studio.dataset import make_clip
 
 pytestmark = pytest.mark.unit  # ~20 s: espeak for a few clips, the text encoder, 20 steps
 
@@ -83,11 +83,11 @@ def test_folder_carries_the_frozen_studio_audio_encoder(run) -> None:
 
 
 def test_features_are_what_the_audio_feature_stage_computes_chunk_by_chunk() -> None:
-    from pipeline.core.module import Module
-    from pipeline.core.schedule import Timeline
-    from pipeline.core.stage import StageContext
-    from pipeline.stages.context import AudioFeatureStage
-    from pipeline.train.data import audio_windows
+    from talkloop.pipeline.core.module import Module
+    from talkloop.pipeline.core.schedule import Timeline
+    from talkloop.pipeline.core.stage import StageContext
+    from talkloop.pipeline.stages.context import AudioFeatureStage
+    from talkloop.pipeline.train.data import audio_windows
 
     encoder = load_audio_encoder()
     clip = make_clip("train", 0, 0, render=False)
@@ -165,7 +165,7 @@ def test_cli_trains_the_portrait_family(tmp_path: Path, capsys) -> None:
 def test_cli_refuses_studio_options_and_bad_values(tmp_path: Path, extra, message) -> None:
     out = tmp_path / "w"
     with pytest.raises(ConfigError, match=message):
-        from pipeline.train.cli import cmd_train
+        from talkloop.pipeline.train.cli import cmd_train
 
         cmd_train(_parse(["train", "--family", "portrait", "--out", str(out), *extra]))
     assert not out.exists()
@@ -174,7 +174,7 @@ def test_cli_refuses_studio_options_and_bad_values(tmp_path: Path, extra, messag
 def _parse(argv: list[str]):
     import argparse
 
-    from pipeline.train.cli import add_train_parser
+    from talkloop.pipeline.train.cli import add_train_parser
 
     parser = argparse.ArgumentParser()
     add_train_parser(parser.add_subparsers(dest="command"))

@@ -7,10 +7,10 @@ import threading
 import numpy as np
 import pytest
 
-from pipeline.core.clock import frame_start_sample, frames_for_samples
-from pipeline.core.errors import InputError
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import load_modules, load_reference
+from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
+from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import load_modules, load_reference
 
 from support import CollectSink, liven, tiny_config
 

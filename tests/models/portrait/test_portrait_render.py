@@ -12,18 +12,18 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.core.errors import InputError
-from pipeline.models.portrait import topology as topo
-from pipeline.models.portrait.eyes import LID_SKIN
-from pipeline.models.portrait.framing import Portrait, frame_portrait
-from pipeline.models.portrait.mesh import STEP, exact_inverse, inverse_offsets
-from pipeline.models.portrait.render import PortraitRenderer
-from pipeline.studio.params import FRAME_FIELDS
+from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.models.portrait import topology as topo
+from talkloop.pipeline.models.portrait.eyes import LID_SKIN
+from talkloop.pipeline.models.portrait.framing import Portrait, frame_portrait
+from talkloop.pipeline.models.portrait.mesh import STEP, exact_inverse, inverse_offsets
+from talkloop.pipeline.models.portrait.render import PortraitRenderer
+from talkloop.pipeline.studio.params import FRAME_FIELDS
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[3]
-DEFAULT = ROOT / "pipeline/models/portrait/default_portrait.png"
+DEFAULT = ROOT / "talkloop/pipeline/models/portrait/default_portrait.png"
 GRACE = ROOT / "tests/data/portraits/grace_hopper.jpg"
 F = {name: i for i, name in enumerate(FRAME_FIELDS)}
 

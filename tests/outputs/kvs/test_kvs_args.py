@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from kvs_helpers import clean_aws_env, kvs_threads
 
-from pipeline.cli import main
-from pipeline.core.errors import ConfigError
-from pipeline.outputs.kvs.args import kvs_stream_name
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.outputs.kvs.args import kvs_stream_name
 
 pytestmark = pytest.mark.unit
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
@@ -16,7 +16,7 @@ TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 @pytest.fixture
 def served(monkeypatch, tmp_path) -> list[dict]:
     """Runs `serve` up to the server: what it would have served with, instead of serving."""
-    import rtc.app
+    import talkloop.rtc.app
 
     clean_aws_env(monkeypatch, tmp_path)
     calls: list[dict] = []
@@ -24,7 +24,7 @@ def served(monkeypatch, tmp_path) -> list[dict]:
     async def fake_serve_forever(*args, mirror_factory=None, **kwargs) -> None:
         calls.append({"max_sessions": args[5], "mirror_factory": mirror_factory})
 
-    monkeypatch.setattr(rtc.app, "serve_forever", fake_serve_forever)
+    monkeypatch.setattr(talkloop.rtc.app, "serve_forever", fake_serve_forever)
     return calls
 
 

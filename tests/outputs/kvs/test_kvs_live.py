@@ -9,13 +9,13 @@ import pytest
 from fake_kvs import FakeKvs
 from kvs_helpers import ACCESS_KEY, SECRET_KEY, STREAM, clean_aws_env, decode_mkv, kvs_threads
 
-from agent.clock import ManualClock
-from agent.frames import AudioFrame
-from agent.session import AvatarConfig, AvatarSession
-from pipeline.core.config import build_config
-from pipeline.core.pipeline import Pipeline
-from pipeline.outputs.kvs import KvsSink
-from rtc.app import live_config_dict
+from talkloop.agent.clock import ManualClock
+from talkloop.agent.frames import AudioFrame
+from talkloop.agent.session import AvatarConfig, AvatarSession
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.outputs.kvs import KvsSink
+from talkloop.rtc.app import live_config_dict
 
 from support import advance, make_reference, tiny_config
 

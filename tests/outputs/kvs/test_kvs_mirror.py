@@ -18,9 +18,9 @@ import pytest
 from fake_kvs import FakeKvs
 from kvs_helpers import ACCESS_KEY, SECRET_KEY, STREAM, clean_aws_env, decode_mkv, kvs_threads
 
-from pipeline.core.pipeline import Pipeline
-from pipeline.outputs.kvs import KvsSink
-from pipeline.outputs.mp4 import Mp4Sink
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.outputs.kvs import KvsSink
+from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
 from support import CollectSink, make_reference, tiny_config
 
@@ -268,8 +268,8 @@ def test_bad_signature_is_one_clear_error(monkeypatch, tmp_path, pipeline, speec
 
 
 def test_render_cli_mirrors_and_prints_the_status(aws, speech, tmp_path, capsys) -> None:
-    from pipeline.audio.io import write_wav
-    from pipeline.cli import main
+    from talkloop.pipeline.audio.io import write_wav
+    from talkloop.pipeline.cli import main
 
     wav = tmp_path / "speech.wav"
     write_wav(wav, speech[: int(16000 * SECONDS)], 16000)
@@ -300,7 +300,7 @@ def test_render_cli_mirrors_and_prints_the_status(aws, speech, tmp_path, capsys)
 
 
 def test_render_cli_bad_stream_name_fails_before_rendering(tmp_path, capsys) -> None:
-    from pipeline.cli import main
+    from talkloop.pipeline.cli import main
 
     code = main(
         ["render", "--audio", "x.wav", "--out", str(tmp_path / "o.mp4"), "--kvs-stream", "a b"]

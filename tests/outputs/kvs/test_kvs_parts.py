@@ -13,15 +13,15 @@ from fake_kvs import EMPTY_SHA256, FakeKvs, sigv4_signature
 from kvs_helpers import ACCESS_KEY, REGION, SECRET_KEY, STREAM, clean_aws_env, decode_mkv
 from moto import mock_aws
 
-from pipeline.core.errors import ConfigError
-from pipeline.core.records import StreamInfo
-from pipeline.outputs.kvs import KvsSink
-from pipeline.outputs.kvs.buffer import FragmentBuffer
-from pipeline.outputs.kvs.ebml import split_live_mkv
-from pipeline.outputs.kvs.mkv import Fragment, FragmentWriter
-from pipeline.outputs.kvs.putmedia import KvsError, ResponseReader, resolve_data_endpoint
-from pipeline.outputs.kvs.sigv4 import sign_request_headers
-from pipeline.outputs.queue import LiveFrame
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.core.records import StreamInfo
+from talkloop.pipeline.outputs.kvs import KvsSink
+from talkloop.pipeline.outputs.kvs.buffer import FragmentBuffer
+from talkloop.pipeline.outputs.kvs.ebml import split_live_mkv
+from talkloop.pipeline.outputs.kvs.mkv import Fragment, FragmentWriter
+from talkloop.pipeline.outputs.kvs.putmedia import KvsError, ResponseReader, resolve_data_endpoint
+from talkloop.pipeline.outputs.kvs.sigv4 import sign_request_headers
+from talkloop.pipeline.outputs.queue import LiveFrame
 
 pytestmark = pytest.mark.unit
 
@@ -189,7 +189,7 @@ def test_moto_control_plane_with_local_putmedia(monkeypatch, tmp_path) -> None:
         with FakeKvs(key, secret) as kvs:
             sink = KvsSink(STREAM, REGION, data_endpoint_url=kvs.url, fragment_seconds=0.4)
             sink.open(info)
-            from pipeline.core.records import AudioChunk, VideoChunk
+            from talkloop.pipeline.core.records import AudioChunk, VideoChunk
 
             frames = np.zeros((25, 48, 64, 3), np.uint8)
             sink.write(VideoChunk(frames, 0), AudioChunk(np.zeros(16000, np.float32), 0))

@@ -9,10 +9,10 @@ import tempfile
 
 from playwright.async_api import async_playwright
 
-from pipeline.assets import HELLO_WAV
-from rtc.security import AccessPolicy
-from rtc.server import AvatarServer
-from rtc.tls import self_signed, server_context
+from talkloop.pipeline.assets import HELLO_WAV
+from talkloop.rtc.security import AccessPolicy
+from talkloop.rtc.server import AvatarServer
+from talkloop.rtc.tls import self_signed, server_context
 
 from common import HOST, emit, make_reference, tiny_live_pipeline
 

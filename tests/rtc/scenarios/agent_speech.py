@@ -22,9 +22,9 @@ import websockets
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-from pipeline.assets import HELLO_WAV
-from pipeline.audio.io import load_audio
-from rtc.client import WavMicrophone
+from talkloop.pipeline.assets import HELLO_WAV
+from talkloop.pipeline.audio.io import load_audio
+from talkloop.rtc.client import WavMicrophone
 
 from common import emit, start_server, tiny_live_pipeline
 

@@ -21,11 +21,11 @@ import numpy as np
 import websockets
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
-from pipeline.audio.pcm import pcm16_to_float
-from pipeline.core.graph import default_phases
-from pipeline.core.pipeline import Pipeline
-from pipeline.core.stage import Stage, StageContext
-from rtc.client import CallResult
+from talkloop.pipeline.audio.pcm import pcm16_to_float
+from talkloop.pipeline.core.graph import default_phases
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.core.stage import Stage, StageContext
+from talkloop.rtc.client import CallResult
 
 from common import emit, start_server, tiny_live_pipeline
 
@@ -51,7 +51,7 @@ async def interrupt_case() -> dict:
     pipeline = tiny_live_pipeline(128)
     server, url = await start_server(pipeline)
     pc = RTCPeerConnection()
-    from rtc.client import WavMicrophone
+    from talkloop.rtc.client import WavMicrophone
 
     pc.addTrack(WavMicrophone(np.zeros(0, np.float32), 16000))
     pc.addTransceiver("video", direction="recvonly")
@@ -123,7 +123,7 @@ async def slow_case() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "client.json"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rtc.client", url, "16", str(out)
+            sys.executable, "-m", "talkloop.rtc.client", url, "16", str(out)
         )
         await proc.wait()
         r = CallResult(**json.loads(out.read_text()))

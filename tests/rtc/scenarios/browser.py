@@ -7,7 +7,7 @@ import asyncio
 
 from playwright.async_api import async_playwright
 
-from pipeline.assets import HELLO_WAV
+from talkloop.pipeline.assets import HELLO_WAV
 
 from common import PAGE_STATS_JS, emit, start_server, tiny_live_pipeline
 

@@ -7,9 +7,9 @@ import asyncio
 
 import numpy as np
 
-from pipeline.assets import HELLO_WAV
-from pipeline.audio.io import load_audio
-from rtc.client import run_call
+from talkloop.pipeline.assets import HELLO_WAV
+from talkloop.pipeline.audio.io import load_audio
+from talkloop.rtc.client import run_call
 
 from common import emit, start_server, tiny_live_pipeline
 

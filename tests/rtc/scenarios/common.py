@@ -8,11 +8,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/ for conftest helpers
 
-from pipeline.core.config import build_config  # noqa: E402
-from pipeline.core.pipeline import Pipeline  # noqa: E402
-from rtc.app import live_config_dict  # noqa: E402
-from rtc.call import CallConfig  # noqa: E402
-from rtc.server import AvatarServer  # noqa: E402
+from talkloop.pipeline.core.config import build_config  # noqa: E402
+from talkloop.pipeline.core.pipeline import Pipeline  # noqa: E402
+from talkloop.rtc.app import live_config_dict  # noqa: E402
+from talkloop.rtc.call import CallConfig  # noqa: E402
+from talkloop.rtc.server import AvatarServer  # noqa: E402
 
 from support import make_reference, tiny_config  # noqa: E402
 

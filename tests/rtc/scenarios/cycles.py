@@ -10,8 +10,8 @@ import weakref
 
 import numpy as np
 
-from pipeline.bench.worker import rss_mb
-from rtc.client import run_call
+from talkloop.pipeline.bench.worker import rss_mb
+from talkloop.rtc.client import run_call
 
 from common import emit, start_server, tiny_live_pipeline
 

@@ -9,8 +9,8 @@ import asyncio
 
 import numpy as np
 
-from agent.frames import AudioFrame
-from rtc.client import run_call
+from talkloop.agent.frames import AudioFrame
+from talkloop.rtc.client import run_call
 
 from common import emit, start_server, tiny_live_pipeline
 

@@ -10,23 +10,23 @@ import asyncio
 
 import numpy as np
 
-from pipeline.assets import HELLO_WAV
-from pipeline.audio.io import load_audio
-from pipeline.core.config import build_config
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.studio.family import (
+from talkloop.pipeline.assets import HELLO_WAV
+from talkloop.pipeline.audio.io import load_audio
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.studio.family import (
     DEFAULT_REFERENCE_SEED,
     default_reference,
     installed_weights,
 )
-from pipeline.reference import load_reference
-from pipeline.studio.character import sample_character
-from pipeline.train.data import mouth_crop
-from pipeline.train.readout import load_readout, read_frames
-from rtc.app import live_config_dict
-from rtc.call import CallConfig
-from rtc.client import run_call
-from rtc.server import AvatarServer
+from talkloop.pipeline.reference import load_reference
+from talkloop.pipeline.studio.character import sample_character
+from talkloop.pipeline.train.data import mouth_crop
+from talkloop.pipeline.train.readout import load_readout, read_frames
+from talkloop.rtc.app import live_config_dict
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.client import run_call
+from talkloop.rtc.server import AvatarServer
 
 from common import HOST, emit
 

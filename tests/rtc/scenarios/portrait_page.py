@@ -8,11 +8,11 @@ import asyncio
 import numpy as np
 from playwright.async_api import async_playwright
 
-from pipeline.assets import HELLO_WAV
-from pipeline.core.config import build_config
-from pipeline.core.pipeline import Pipeline
-from pipeline.models.registry import load_reference
-from rtc.app import live_config_dict
+from talkloop.pipeline.assets import HELLO_WAV
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import load_reference
+from talkloop.rtc.app import live_config_dict
 
 from common import PAGE_STATS_JS, emit, start_server
 

@@ -54,7 +54,7 @@ def start_serve(tmp: str) -> tuple[subprocess.Popen, int, str]:
     cmd = [
         sys.executable,
         "-m",
-        "pipeline.cli",
+        "talkloop.pipeline.cli",
         "serve",
         "--family",
         "studio",

@@ -9,8 +9,8 @@ import asyncio
 from aiortc import RTCConfiguration, RTCIceServer
 from aiortc.rtcconfiguration import RTCIceTransportPolicy
 
-from rtc.client import run_call
-from rtc.ice import IceConfig
+from talkloop.rtc.client import run_call
+from talkloop.rtc.ice import IceConfig
 
 from common import HOST, emit, start_server, tiny_live_pipeline
 from coturn import PASSWORD, USER, coturn
@@ -36,9 +36,9 @@ async def main() -> None:
         server, url = await start_server(pipeline, ice=ice)
         seen = {}
 
-        import rtc.client
+        import talkloop.rtc.client
 
-        real = rtc.client.RTCPeerConnection
+        real = talkloop.rtc.client.RTCPeerConnection
 
         def recording(configuration=None):  # keep the client's peer to read its nominated pair
             pc = real(configuration)
@@ -51,7 +51,7 @@ async def main() -> None:
 
             return pc
 
-        rtc.client.RTCPeerConnection = recording
+        talkloop.rtc.client.RTCPeerConnection = recording
         client = RTCConfiguration(
             iceServers=[RTCIceServer(turn.url, USER, PASSWORD)],
             iceTransportPolicy=RTCIceTransportPolicy.RELAY,

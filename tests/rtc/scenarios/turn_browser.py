@@ -8,8 +8,8 @@ import asyncio
 
 from playwright.async_api import async_playwright
 
-from pipeline.assets import HELLO_WAV
-from rtc.ice import IceConfig
+from talkloop.pipeline.assets import HELLO_WAV
+from talkloop.rtc.ice import IceConfig
 
 from common import PAGE_STATS_JS, emit, start_server, tiny_live_pipeline
 from coturn import PASSWORD, USER, coturn

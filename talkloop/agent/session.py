@@ -1,0 +1,580 @@
+"""AvatarSession: the avatar as voice-agent frameworks expect it, in-process, no WebRTC needed.
+
+    push_audio(AudioFrame) / end_of_segment() / clear_buffer()      (agent TTS in, any rate)
+        -> resample to OUTPUT_RATE (48 kHz) -> AudioDriver (real-time blocks, segments, mic)
+        -> PlayoutBuffer (the driving audio, full band)  -> next_audio()  (48 kHz, MediaClock)
+        -> resampled to the model's rate -> pipeline Session.push_audio -> generation thread
+        -> FrameQueueSink (bounded, drops the oldest)  -> next_video()  (same clock)
+    playback events (started, finished with position) come from next_audio(): "played" means
+    emitted by the audio output, never merely queued.
+
+Consume the output either with ``async for item in session`` (video frames, audio frames and
+playback events in media order) or with ``next_video()`` / ``next_audio()`` from two consumers
+(the WebRTC tracks do this); not both.
+
+Interrupting (``clear_buffer``) drops every unplayed sample of every queued segment, silences the
+driving audio from the next sample the audio output will emit, and withholds the frames that were
+already generated from the dropped audio: the video holds its last frame until frames made from
+the silence that replaced it arrive (at most the playout delay).
+
+Full-band audio: the output runs at ``OUTPUT_RATE`` (48 kHz) whatever the sources' rates, so a
+24 kHz agent voice or espeak's 22 kHz keeps its whole band (the model only needs 16 kHz: it reads
+the same blocks resampled once more). Each source is resampled once to 48 kHz; 48 kHz sources (the
+browser's Opus microphone) pass through untouched. Every ``pts`` this class emits counts samples at
+``sample_rate`` (48 kHz), for audio and video alike. Mirrors (a KVS copy) get the same full-band
+audio (``talkloop/pipeline/outputs/fullband.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Executor
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from talkloop.agent.clock import Clock, Lateness, MediaClock, RealClock, av_offset_ms
+from talkloop.agent.driver import AudioDriver
+from talkloop.agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
+from talkloop.pipeline.audio.resample import StreamResampler
+from talkloop.pipeline.backends.report import describe
+from talkloop.pipeline.core.errors import BusyError, SessionClosedError
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.core.session import Session
+from talkloop.pipeline.outputs.fullband import FullBandSink
+from talkloop.pipeline.outputs.queue import FrameQueueSink, LiveFrame
+from talkloop.pipeline.outputs.sink import Sink
+
+log = logging.getLogger("talkloop.agent")
+
+BLOCK_S = 0.02  # driver tick and audio output frame: 20 ms, what WebRTC and Opus use
+# The rate of the audio an avatar emits: Opus's own rate, and at least every supported source's,
+# so no voice loses band on its way out (docs/architecture.md, "Live calls").
+OUTPUT_RATE = 48000
+MAX_CUTS = 64  # interrupts remembered for withholding frames (older frames are long gone)
+# Lines of built-in TTS waiting behind the one being spoken; one more is refused with BusyError.
+# A session speaks one line at a time anyway; a deeper queue only lets one client hold espeak.
+MAX_QUEUED_SAYS = 3
+
+
+def default_playout_s(pipeline: Pipeline) -> float:
+    """The playout delay at which a generator that keeps up with real time shows every frame.
+
+    A chunk can start once the audio of its last frame plus the look-ahead has arrived (one chunk
+    of audio after its first frame's); generating it may take up to one chunk's duration if
+    generation is to keep up at all; two driving blocks cover the hand-offs. So: two chunks plus
+    the look-ahead plus 40 ms (live schedule, 5 frames at 25 fps: 480 ms).
+    """
+    info = pipeline.info
+    chunk = pipeline.config.schedule.n_len / info.fps
+    return 2 * chunk + pipeline.lookahead_samples / info.sample_rate + 2 * BLOCK_S
+
+
+class AvatarConfig(BaseModel):
+    """Settings of a live avatar session (the chunk schedule is in the root config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    playout_delay_ms: int | None = Field(
+        None,
+        ge=50,
+        le=5000,
+        description="driving audio -> playout; None: derived from the chunk schedule "
+        "(see default_playout_s)",
+    )
+    queue_seconds: float = Field(2.0, gt=0, le=30, description="published frames held at most")
+    max_mic_backlog_ms: int = Field(200, ge=20, le=5000)
+    max_lag_ms: int = Field(
+        1000,
+        ge=100,
+        le=60000,
+        description="generation this far behind skips whole chunks (the bound is lower when the "
+        "measured chunk time says the next chunk could not play on time anyway)",
+    )
+    max_pending_speech_s: float = Field(
+        120.0, gt=0, le=3600, description="speech queued ahead of playback at most (backpressure)"
+    )
+
+
+class AvatarSession:
+    """One avatar: speech in, paced lip-synced video and the same audio out.
+
+    Args:
+        pipeline: a loaded pipeline (modules are shared between sessions).
+        reference: (H, W, 3) uint8 avatar image; also the idle frame before the first one.
+        prompt: initial style prompt.
+        config: live settings.
+        clock: time source; ``ManualClock`` in tests.
+        name: used in thread names and logs.
+        mirrors: extra sinks that get a copy of the stream (e.g. a KvsSink); they must not block.
+        executor: runs the built-in TTS and the blocking parts of closing; None: the loop's
+            default executor (a server passes its own, so media encoding never waits on them).
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        reference: np.ndarray,
+        prompt: str = "",
+        config: AvatarConfig | None = None,
+        clock: Clock | None = None,
+        name: str = "avatar",
+        mirrors: Sequence[Sink] = (),
+        executor: Executor | None = None,
+    ) -> None:
+        self.config = config = config or AvatarConfig()
+        self.executor = executor
+        self.pipeline = pipeline
+        self.name = name
+        info = self.info = pipeline.info
+        self.model_rate = info.sample_rate  # what the pipeline reads (16 kHz)
+        self.sample_rate = OUTPUT_RATE  # what this session emits, and the unit of every pts
+        self.frames = FrameQueueSink(
+            max(1, int(config.queue_seconds * info.fps)), policy="drop_oldest"
+        )
+        # Mirrors (a KVS copy) get every published segment too; they never block (their contract).
+        self.mirrors = list(mirrors)
+        # ...with the full-band audio of the frames they get, not the model's 16 kHz.
+        full_band = [FullBandSink(m, OUTPUT_RATE, self._read_output) for m in self.mirrors]
+        self.session: Session = pipeline.open_session(reference, prompt, [self.frames, *full_band])
+        self.clock: Clock = clock or RealClock()
+        self.playout_s = (
+            default_playout_s(pipeline)
+            if config.playout_delay_ms is None
+            else config.playout_delay_ms / 1000
+        )
+        self.media = MediaClock(info.sample_rate, self.playout_s, self.clock)
+        self.block = int(round(BLOCK_S * info.sample_rate))
+        self.driver = AudioDriver(
+            self._push,
+            self.media,
+            info.sample_rate,
+            block=self.block,
+            max_mic_backlog_s=config.max_mic_backlog_ms / 1000,
+            playout_s=max(4.0, 4 * self.playout_s),
+            max_pending_s=config.max_pending_speech_s,
+            out_rate=OUTPUT_RATE,
+        )
+        self._mic = StreamResampler(OUTPUT_RATE)
+        self.listeners: list[Callable[[PlaybackEvent], None]] = []
+        # Called once, on the event loop, if generation fails (the session is then dead: its
+        # video would hold the last frame forever). Not called for a close.
+        self.failure_listeners: list[Callable[[BaseException], None]] = []
+        self._resamplers: dict[str, StreamResampler] = {}  # per source
+        self._say_tasks: set[asyncio.Task] = set()
+        self._last_say: asyncio.Task | None = None  # the newest line; the next one waits for it
+        self._cuts: dict[int, int] = {}  # audio epoch -> first sample it silenced
+        self._epoch = 0
+        self._audio_next = 0  # next sample the audio output emits
+        self._video_next = 0  # next frame index the video output emits
+        self._pending: LiveFrame | None = None
+        self._last_rgb = reference
+        self.frames_sent = self.late_frames = self.dropped_frames = self.withheld_frames = 0
+        self.overrun_frames = 0
+        self.video_lateness, self.audio_lateness = Lateness(), Lateness()
+        self.driving_dropped_samples = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._generate, name=f"gen-{name[:6]}", daemon=True)
+        self._tasks: list[asyncio.Task] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._push_warned = False
+        self.closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start generating and producing driving audio (call on the event loop). Idempotent."""
+        if self._thread.is_alive() or self.closed or self._tasks:
+            return
+        self.driver.produce_due(self.clock.now())  # anchors the media clock now
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._tick()))
+
+    async def close(self) -> None:
+        """Stop everything and release what the session held. Idempotent."""
+        self.closed = True
+        self._stop.set()
+        for task in [*self._tasks, *self._say_tasks]:
+            task.cancel()
+        for task in [*self._tasks, *self._say_tasks]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        self.frames.abort()  # wakes a generation step blocked on the queue, drops held frames
+        loop = asyncio.get_running_loop()
+        if self._thread.is_alive():
+            await loop.run_in_executor(self.executor, self._thread.join)
+        # The generation loop closes the pipeline session (and so its mirrors: a KVS uploader
+        # thread and connection) when it ends; a session that never started, or whose loop
+        # failed before it could, is closed here. Idempotent; off the loop, as a mirror drains
+        # when closed.
+        await loop.run_in_executor(self.executor, self.session.close)
+        # Drop references so tensors, frames and audio buffers are freed now, not at GC time.
+        self.session.state = type(self.session.state)()
+        self._pending = None
+        self.listeners.clear()
+
+    # -- input -------------------------------------------------------------------------------------
+
+    def push_audio(self, frame: AudioFrame, label: str | None = None, source: str = "") -> int:
+        """Queue speech audio (any supported rate, mono or stereo) on ``source``'s open segment.
+
+        Returns:
+            The segment id (the one playback events report).
+
+        Raises:
+            AudioFormatError: the frame's declaration does not fit its bytes.
+            BusyError: more than ``max_pending_speech_s`` is queued; the frame is dropped.
+            SessionClosedError: the session was closed.
+        """
+        if self.closed:
+            raise SessionClosedError("the avatar session is closed")
+        frame.check()
+        res = self._resamplers.get(source)
+        if res is None:
+            res = self._resamplers[source] = StreamResampler(OUTPUT_RATE)
+        mono = res.push(frame.to_mono_float(), frame.sample_rate)
+        return self.driver.push_speech(mono, label, source)
+
+    def end_of_segment(self, source: str = "") -> None:
+        """The current segment of ``source`` is complete; it finishes when it has played."""
+        res = self._resamplers.pop(source, None)
+        if res is not None:
+            tail = res.flush()  # the filter's last millisecond (48 samples from 16 kHz)
+            # Only while the segment still has audio waiting: one that has all been produced
+            # (its end came late) would otherwise play that millisecond as a blip after the
+            # silence that followed it, and finish a playout delay later than it should.
+            if tail.size and self.driver.queued_samples(source):
+                with contextlib.suppress(BusyError):
+                    self.driver.push_speech(tail, None, source)
+        self._dispatch(self.driver.end_segment(source))
+
+    def clear_buffer(self) -> list[PlaybackFinished]:
+        """Interrupt: drop all unplayed speech, now. Returns the finished events it caused.
+
+        No sample or frame made from the dropped audio is emitted afterwards; each dropped
+        segment gets ``PlaybackFinished(interrupted=True)`` with the position actually played.
+        """
+        for task in self._say_tasks:
+            task.cancel()
+        self._resamplers.clear()
+        cut = self._audio_next
+        events = self.driver.interrupt(cut)
+        if events:
+            self._epoch = self.session.silence_unconsumed_audio(from_sample=cut)
+            self._cuts[self._epoch] = cut
+            for old in [e for e in self._cuts if e <= self._epoch - MAX_CUTS]:
+                del self._cuts[old]
+        self._dispatch(events)
+        return [e for e in events if isinstance(e, PlaybackFinished)]
+
+    def say(self, text: str, tts: object | None = None) -> asyncio.Task:
+        """Speak ``text`` with the built-in TTS as one segment, streamed as it is synthesised.
+
+        One line at a time: a line said while another is being spoken waits for it (up to
+        ``MAX_QUEUED_SAYS`` lines wait). ``clear_buffer`` cancels the line and the queue.
+
+        Args:
+            text: what to say.
+            tts: an object with ``stream(text)`` yielding AudioFrames; default espeak-ng.
+
+        Returns:
+            The task feeding it.
+
+        Raises:
+            BusyError: ``MAX_QUEUED_SAYS`` lines are already waiting.
+            SessionClosedError: the session was closed.
+        """
+        from talkloop.agent.tts import EspeakTTS
+
+        if self.closed:
+            raise SessionClosedError("the avatar session is closed")
+        if len(self._say_tasks) > MAX_QUEUED_SAYS:
+            raise BusyError(
+                f"the avatar is already speaking and {MAX_QUEUED_SAYS} more lines are queued; "
+                "wait for them to finish, or interrupt"
+            )
+        engine = tts if tts is not None else EspeakTTS(executor=self.executor)
+        source = f"say-{id(text)}-{len(self._say_tasks)}"
+        previous = self._last_say
+
+        async def feed() -> None:
+            if previous is not None and not previous.done():
+                await asyncio.wait({previous})  # not `await previous`: its cancel is not ours
+            try:
+                async for frame in engine.stream(text):  # type: ignore[attr-defined]
+                    while self.pending_s + frame.duration_s > self.config.max_pending_speech_s:
+                        await self.clock.sleep_until(self.clock.now() + BLOCK_S)
+                    self.push_audio(frame, label=None, source=source)
+            finally:
+                if not self.closed:
+                    self.end_of_segment(source)
+
+        task = asyncio.get_running_loop().create_task(feed())
+        self._say_tasks.add(task)
+        self._last_say = task
+        task.add_done_callback(self._say_tasks.discard)
+        return task
+
+    def add_microphone(
+        self, samples: np.ndarray, arrived_at: float | None = None, sample_rate: int = OUTPUT_RATE
+    ) -> None:
+        """Microphone audio (float32 mono at ``sample_rate``); ducked while speech plays."""
+        mono = self._mic.push(samples, sample_rate)
+        if mono.size:
+            self.driver.add_mic(mono, arrived_at)
+
+    def set_prompt(self, text: str) -> None:
+        """New style prompt, from the next chunk on."""
+        self.session.set_prompt(text)
+
+    @property
+    def pending_s(self) -> float:
+        """Speech queued and not yet produced (the backpressure measure)."""
+        return self.driver.tts_pending_s
+
+    async def wait_for_room(self, seconds: float = 0.0) -> None:
+        """Wait until ``seconds`` more speech fits under ``max_pending_speech_s``."""
+        limit = max(0.0, self.config.max_pending_speech_s - seconds)
+        while self.pending_s > limit and not self.closed:
+            await self.clock.sleep_until(self.clock.now() + BLOCK_S)
+
+    # -- output ------------------------------------------------------------------------------------
+
+    async def next_audio(self) -> AudioFrame:
+        """The next 20 ms of output audio (at ``sample_rate``), returned at its play-out time.
+
+        Raises:
+            SessionClosedError: the session was closed.
+        """
+        await self._wait_started()
+        n = self._audio_next
+        due = self.media.due(n)
+        await self.clock.sleep_until(due)
+        if self.closed:
+            raise SessionClosedError("the avatar session is closed")
+        self.audio_lateness.add(self.clock.now() - due)
+        # Read after the sleep: an interrupt during it has silenced these samples already.
+        out = self.driver.out_index(n)
+        samples = self.driver.playout.read(out, self.driver.out_block)
+        segment = self.driver.segment_of(n)
+        self._audio_next = n + self.block
+        events = self.driver.played(n, self.block)
+        frame = AudioFrame.from_float(samples, self.sample_rate, pts=out, segment_id=segment)
+        self._dispatch(events)
+        return frame
+
+    async def next_video(self) -> VideoFrame:
+        """The next video frame, returned at its play-out time.
+
+        A frame that is not ready when due is replaced by the previous one (``late_frames``); a
+        frame made from interrupted audio is too (``withheld_frames``). Frames that arrive after
+        their time are dropped (``dropped_frames``). So slow generation costs video, never audio.
+        A caller that comes after the next frame was already due (a slow encoder, a busy event
+        loop) gets the frame due now, not the one after its last: the frame slots it missed are
+        counted (``overrun_frames``) and the video's lag cannot build up.
+
+        Raises:
+            SessionClosedError: the session was closed.
+        """
+        await self._wait_started()
+        j = self._video_next
+        now = self.clock.now()
+        while self.media.due(self.info.frame_pts(j + 1)) <= now:
+            j += 1
+            self.overrun_frames += 1
+        pts = self.info.frame_pts(j)
+        due = self.media.due(pts)
+        await self.clock.sleep_until(due)
+        if self.closed:
+            raise SessionClosedError("the avatar session is closed")
+        self.video_lateness.add(self.clock.now() - due)
+        live = self._take(j)
+        if live is not None and self._withheld(live):
+            live = None
+            self.withheld_frames += 1
+        elif live is None:
+            self.late_frames += 1
+        if live is not None:
+            self._last_rgb = live.rgb
+        self._video_next = j + 1
+        self.frames_sent += 1
+        out = self.driver.out_index(pts)
+        return VideoFrame(self._last_rgb, j, out, self.sample_rate, held=live is None)
+
+    async def stream(self) -> AsyncIterator[VideoFrame | AudioFrame | PlaybackEvent]:
+        """Video frames, audio frames and playback events, in media order, paced in real time.
+
+        An event follows the audio frame that caused it (``clear_buffer``'s come next). Ends
+        when the session is closed.
+        """
+        events: deque[PlaybackEvent] = deque()
+        self.listeners.append(events.append)
+        try:
+            while not self.closed:
+                while events:
+                    yield events.popleft()
+                try:
+                    if self._audio_next <= self.info.frame_pts(self._video_next):
+                        yield await self.next_audio()
+                    else:
+                        yield await self.next_video()
+                except SessionClosedError:
+                    return
+        finally:
+            with contextlib.suppress(ValueError):
+                self.listeners.remove(events.append)
+
+    def __aiter__(self) -> AsyncIterator[VideoFrame | AudioFrame | PlaybackEvent]:
+        return self.stream()
+
+    def lag_budget(self) -> float:
+        """Most audio backlog (s) at which generating the next chunk still shows some of it.
+
+        Frame ``i`` of an ``n``-frame chunk plays ``playout_delay`` after its audio arrived. The
+        chunk is generated once the audio of its last frame plus the look-ahead has arrived, after
+        the backlog ``L`` ahead of it, and is published ``C`` (its measured compute time) later.
+        Its last frame is on time only if ``L <= playout - lookahead - C - 1 / fps``; with more
+        backlog than that every frame of the chunk would be dropped as late, so skipping it
+        (catching up a whole chunk of lag) is better. ``max_lag_ms`` caps the bound.
+        """
+        took = self.session.stats.chunk_seconds or 0.0
+        lookahead = self.pipeline.lookahead_samples / self.model_rate
+        budget = self.playout_s - lookahead - took - 1 / self.info.fps
+        return min(self.config.max_lag_ms / 1000, max(BLOCK_S, budget))
+
+    # -- figures -----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float | int | str | None]:
+        s = self.session.stats
+        media = max(s.frames / self.info.fps, 1e-9)
+        return {
+            "frames_sent": self.frames_sent,
+            "late_frames": self.late_frames,
+            "dropped_frames": self.dropped_frames + self.frames.dropped_frames,
+            "withheld_frames": self.withheld_frames,
+            "overrun_frames": self.overrun_frames,
+            "skipped_frames": s.skipped_frames,
+            "frames_generated": s.frames,
+            "rtf": round(s.generate_seconds / media, 3) if s.frames else None,
+            # where the generation time goes: seconds per second of video, per "phase/stage"
+            "stage_rtf": {k: round(v, 3) for k, v in s.stage_rtf(self.info.fps).items()},
+            # what computes the frames: {"backend", "dtype", "int8"} (talkloop/pipeline/backends/report.py)
+            "runtime": describe(self.pipeline.modules, self.pipeline.config.model.compute_dtype),
+            "playout_delay_ms": round(self.playout_s * 1000),
+            "av_offset_ms": av_offset_ms(self.video_lateness, self.audio_lateness),
+            "queue_depth": self.frames.depth,
+            "speech_pending_s": round(self.pending_s, 2),
+            "mic_dropped_ms": round(1000 * self.driver.mic_dropped_samples / OUTPUT_RATE),
+            "mic_backlog_ms": round(1000 * self.driver.mic_backlog_samples / OUTPUT_RATE),
+            "mic_trimmed_ms": round(1000 * self.driver.mic_trimmed_samples / OUTPUT_RATE),
+            "error": None if self.error is None else str(self.error),
+            "mirrors": [m.status.line() for m in self.mirrors if hasattr(m, "status")],
+        }
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _dispatch(self, events: list[PlaybackEvent]) -> None:
+        for event in events:
+            for listener in list(self.listeners):
+                try:
+                    listener(event)
+                except Exception:  # a broken listener must not break playback
+                    log.exception("%s: playback listener failed", self.name)
+
+    def _withheld(self, live: LiveFrame) -> bool:
+        """True when ``live`` was made from audio that an interrupt dropped before it played."""
+        if live.epoch >= self._epoch:
+            return False
+        cut = self._cuts.get(live.epoch + 1)
+        return cut is None or live.pts >= cut
+
+    def _take(self, j: int) -> LiveFrame | None:
+        """The frame for index ``j`` if it is here; drops frames older than ``j``."""
+        while True:
+            if self._pending is None:
+                try:
+                    self._pending = self.frames.get(timeout=0)
+                except TimeoutError:
+                    return None
+                if self._pending is None:  # the queue was closed
+                    return None
+            if self._pending.index < j:
+                self._pending = None
+                self.dropped_frames += 1
+                continue
+            if self._pending.index == j:
+                frame, self._pending = self._pending, None
+                return frame
+            return None  # a future frame: keep it for later
+
+    async def _wait_started(self) -> None:
+        while not self.media.started:
+            if self.closed:
+                raise SessionClosedError("the avatar session is closed")
+            await asyncio.sleep(0.005)
+
+    async def _tick(self) -> None:
+        """Produce driving blocks on absolute tick times (no drift)."""
+        start = self.clock.now()
+        k = 0
+        while self.error is None:  # a failed generation loop takes no more driving audio
+            self.driver.produce_due(self.clock.now())
+            k += 1
+            await self.clock.sleep_until(start + k * BLOCK_S)
+
+    def _read_output(self, start: int, count: int) -> np.ndarray | None:
+        """Output samples ``[start, start + count)`` as played out (mirrors; generation thread);
+        None when the playout buffer no longer holds them.
+
+        The mirrors ask for audio the generation loop has just published, which the driver put
+        in the playout buffer before the pipeline could read it and which the buffer holds for
+        seconds more (at least 4 s; a published chunk is at most ``max_lag_ms`` behind, 1 s by
+        default): no lock is needed.
+        """
+        playout = self.driver.playout
+        if start < playout.end - playout.capacity:
+            return None
+        return playout.read(start, count)
+
+    def _push(self, block: np.ndarray) -> None:
+        try:
+            self.session.push_audio(block, timeout=0)
+        except TimeoutError:  # generation is stalled far behind: never block the event loop
+            self.driving_dropped_samples += block.shape[0]
+        except Exception as err:  # session closed under us
+            # Once: this runs every 20 ms, and the cause (a failed generation) is logged apart.
+            if not self._stop.is_set() and not self._push_warned:
+                self._push_warned = True
+                log.warning("%s: driving audio rejected: %s", self.name, err)
+
+    def _generate(self) -> None:
+        try:
+            self.session.run_live(self._stop, max_lag_s=self.lag_budget)
+        except Exception as err:  # ends this session only
+            if self._stop.is_set():
+                # Closing aborts the frame queue under a running step: expected, not a fault.
+                log.debug("%s: generation stopped by close: %s", self.name, err)
+                return
+            self.error = err
+            log.exception("%s: generation failed", self.name)
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(self._failed, err)
+
+    def _failed(self, err: BaseException) -> None:
+        if self.closed:
+            return
+        for listener in list(self.failure_listeners):
+            try:
+                listener(err)
+            except Exception:
+                log.exception("%s: failure listener failed", self.name)

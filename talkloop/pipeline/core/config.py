@@ -1,0 +1,288 @@
+"""The root configuration: one pydantic model, nested per concern, validated at construction.
+
+Validation messages quote the offending values and say what to change.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from talkloop.pipeline.core.errors import ConfigError
+
+
+class SizeRule(NamedTuple):
+    """The frame sizes a family can make: a multiple of ``step`` from ``low`` to ``high``."""
+
+    step: int
+    low: int
+    high: int
+
+
+SIZE_RULES = {
+    # VAE x8, the A2V works at half the latent resolution with patch 2: multiples of 32.
+    "studio": SizeRule(32, 64, 1024),
+    # The photo is warped at any size; H.264 codes 16-pixel macroblocks (720x1280 phones).
+    "portrait": SizeRule(16, 128, 1920),
+}
+
+
+@functools.cache
+def cpu_info() -> dict[str, str]:
+    """This machine's first CPU as ``/proc/cpuinfo`` describes it, field -> value (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block ends here
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    return info
+
+
+def _cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this machine's CPU (``/proc/cpuinfo``; empty elsewhere)."""
+    return frozenset(cpu_info().get("flags", "").split())
+
+
+def native_bf16(device: str) -> bool:
+    """Whether ``device`` computes bf16 in hardware: CUDA, or a CPU with AVX512-BF16 or AMX.
+
+    Elsewhere PyTorch emulates bf16 and it is slower than float32 (measured on an AMD EPYC
+    without AVX-512: a VAE decode and an SR training step ~10x slower under bf16 autocast).
+    """
+    return device == "cuda" or bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+
+
+def resolve_dtype(
+    dtype: Literal["auto", "bfloat16", "float32"], device: str
+) -> Literal["bfloat16", "float32"]:
+    """``dtype`` with ``auto`` resolved: bfloat16 where ``device`` has it natively, else float32."""
+    if dtype == "auto":
+        return "bfloat16" if native_bf16(device) else "float32"
+    return dtype
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VideoConfig(_Strict):
+    width: int = Field(256, description="output width in pixels")
+    height: int = Field(256, description="output height in pixels")
+    fps: int = Field(25, ge=1, le=60, description="frames per second")
+
+    def check_size(self, family: str) -> None:
+        """Raise ValueError unless both sides suit ``family`` (``SIZE_RULES``)."""
+        rule = SIZE_RULES[family]
+        for name, value in (("width", self.width), ("height", self.height)):
+            if not (rule.low <= value <= rule.high) or value % rule.step:
+                raise ValueError(
+                    f"unsupported {name} {value} for the {family} family: use a multiple of "
+                    f"{rule.step} between {rule.low} and {rule.high}"
+                )
+
+
+class AudioConfig(_Strict):
+    sample_rate: int = Field(16000, ge=8000, le=48000, description="pipeline audio rate (Hz)")
+
+
+class ScheduleConfig(_Strict):
+    """Chunk sizes of the N/I timeline, in frames (docs/architecture.md)."""
+
+    first_len: int = Field(2, ge=1, le=256, description="length of N0 (short: first frame fast)")
+    n_len: int = Field(24, ge=2, le=256, description="length of every later N chunk")
+    i_len: int = Field(
+        3, ge=0, le=64, description="frames at the start of N(k+1) an I chunk redoes"
+    )
+    ctx_len: int = Field(2, ge=1, le=16, description="motion-context latents carried to the next N")
+
+    @model_validator(mode="after")
+    def _check(self) -> ScheduleConfig:
+        if self.i_len + 1 > self.n_len:
+            raise ValueError(
+                f"i_len={self.i_len} needs n_len >= i_len + 1 (the far anchor is frame i_len of the "
+                f"next N chunk), but n_len={self.n_len}"
+            )
+        if self.ctx_len > min(self.first_len, self.n_len):
+            raise ValueError(
+                f"ctx_len={self.ctx_len} is longer than a chunk (first_len={self.first_len}, "
+                f"n_len={self.n_len}); use ctx_len <= {min(self.first_len, self.n_len)}"
+            )
+        return self
+
+
+class SamplerConfig(_Strict):
+    # 3 steps: since the mouth net sets the mouth, a fourth step changes nothing measurable (8
+    # held-out clips, first mouth net: lipsync_corr 0.748 at 3 N / 2 I steps, 0.746 at 4 / 4; the
+    # shipped one scores 0.751 at 3 / 3) and costs ~10 % of the frame time.
+    steps: int = Field(3, ge=1, le=100, description="Euler steps of the A2V flow sampler")
+    # With 2 steps the trained model's I frames were softer than the N frames around them, so the
+    # change at their edges was larger (8 held-out clips, seam_ratio with / without I chunks:
+    # 1.115 / 1.116 at 2 I steps, 1.041 / 1.116 at 3, 1.033 / 1.108 at 4).
+    i_steps: int = Field(3, ge=1, le=100, description="Euler steps for I chunks")
+    shift: float = Field(3.0, gt=0, le=20, description="timestep shift (SD3-style); 1 = none")
+    audio_guidance: float = Field(1.0, ge=0, le=10, description="CFG scale on audio; 1 = off")
+
+
+Placement = Literal["resident", "offloaded", "sharded"]
+
+# Modules with transformer blocks (a ``.blocks`` ModuleList), per family: only these can be
+# offloaded per block or sharded per block (load_modules checks the built networks again).
+BLOCK_MODULES = {"studio": ("a2v", "sr"), "portrait": ("a2v",)}
+# Model families: folders under talkloop/pipeline/models/ (talkloop/pipeline/models/registry.py).
+FAMILIES = ("studio", "portrait")
+Family = Literal["studio", "portrait"]
+
+
+class PlacementConfig(_Strict):
+    """Where each module's weights live (docs/offload.md).
+
+    ``resident``: on the device. ``offloaded``: pinned host masters, copied block by block into a
+    ring of device slots just before use. ``sharded``: FSDP2 shards across the ranks of a
+    ``torchrun`` launch.
+    """
+
+    vae: Placement = "resident"
+    audio_encoder: Placement = "resident"
+    text_encoder: Placement = "resident"
+    a2v: Placement = "resident"
+    sr: Placement = "resident"
+
+
+class ModelConfig(_Strict):
+    family: Family = Field(
+        "portrait",
+        description="studio: the synthetic characters' latent model; portrait: a real person "
+        "from one photo, animated by warping it",
+    )
+    preset: Literal["default", "tiny", "large"] = Field("default", description="network sizes")
+    weights: Path | None = Field(
+        None, description="checkpoint folder; None = the weights installed with the package"
+    )
+    untrained: bool = Field(False, description="use random weights (tests, benchmarks)")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="compute dtype; auto: bfloat16 where the device computes it natively "
+        "(CUDA, a CPU with AVX512-BF16 or AMX), float32 elsewhere",
+    )
+    # The CLI's default is auto; built in code, a pipeline runs torch unless asked (exporting
+    # and compiling graphs costs seconds per load, too much for a test's tiny pipelines).
+    backend: Literal["auto", "torch", "onnxruntime", "openvino"] = Field(
+        "torch",
+        description="what runs the studio family's hot networks: torch, or graphs exported from "
+        "the same weights run by ONNX Runtime or OpenVINO (decoder in int8); auto: the fastest "
+        "on this machine, timed once and cached (docs/architecture.md, inference backends). "
+        "The portrait family always runs torch",
+    )
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the networks compute")
+    placement: PlacementConfig = PlacementConfig()
+    offload_slots: int = Field(
+        2, ge=2, le=8, description="device slots per offloaded module (prefetch depth + 1)"
+    )
+    stage_prefetch_blocks: int = Field(
+        1, ge=0, le=8, description="first blocks of the next stage's model loaded during a stage"
+    )
+    pin_memory: bool | None = Field(
+        None, description="page-locked host masters; None = wherever a CUDA driver exists"
+    )
+
+    @property
+    def compute_dtype(self) -> Literal["bfloat16", "float32"]:
+        """``dtype`` with ``auto`` resolved for ``device`` (``resolve_dtype``)."""
+        return resolve_dtype(self.dtype, self.device)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.untrained and self.weights is not None:
+            raise ValueError("choose either weights=<folder> or untrained=true, not both")
+        self._check_placement()
+        if self.backend not in ("auto", "torch"):
+            moved = [n for n, mode in self.placement.model_dump().items() if mode != "resident"]
+            if self.device != "cpu" or moved:
+                raise ValueError(
+                    f"backend={self.backend!r} runs resident networks on the CPU, but "
+                    + (
+                        f"device={self.device!r}"
+                        if self.device != "cpu"
+                        else f"{moved} are not resident"
+                    )
+                    + "; use backend='torch' (or 'auto', which picks torch there)"
+                )
+        return self
+
+    def _check_placement(self) -> None:
+        from talkloop.pipeline.offload.device import driver_available
+        from talkloop.pipeline.offload.distributed import env_world_size
+
+        with_blocks = BLOCK_MODULES[self.family]
+        for name, mode in self.placement.model_dump().items():
+            if mode != "resident" and name not in with_blocks:
+                raise ValueError(
+                    f"placement.{name}={mode!r}: {name} has no transformer blocks to "
+                    f"{'offload' if mode == 'offloaded' else 'shard'} (only "
+                    f"{', '.join(with_blocks)} do); set placement.{name}='resident'"
+                )
+            if mode == "sharded" and env_world_size() < 2:
+                raise ValueError(
+                    f"placement.{name}='sharded' needs more than one process, but the world "
+                    "size is 1; launch with `torchrun --nproc-per-node 2 -m talkloop.pipeline.cli ...` "
+                    f"or set placement.{name}='offloaded'"
+                )
+        needs_driver = self.device == "cuda" or self.pin_memory
+        if needs_driver and not driver_available():
+            what = "device='cuda'" if self.device == "cuda" else "pin_memory=true"
+            raise ValueError(
+                f"{what} needs a CUDA driver and GPU, and none was found; "
+                "use device='cpu' and pin_memory=null (pinned only where a driver exists)"
+            )
+        if self.pin_memory and self.device == "cpu":
+            raise ValueError(
+                "pin_memory=true only helps copies to a GPU, but device='cpu'; "
+                "set device='cuda' or pin_memory=null"
+            )
+
+
+class OutputConfig(_Strict):
+    crf: int = Field(23, ge=0, le=51, description="H.264 quality (lower is better)")
+    preset: str = Field("veryfast", description="x264 preset")
+
+
+class TalkloopConfig(_Strict):
+    video: VideoConfig = VideoConfig()
+    audio: AudioConfig = AudioConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    sampler: SamplerConfig = SamplerConfig()
+    model: ModelConfig = ModelConfig()
+    output: OutputConfig = OutputConfig()
+    seed: int = Field(0, ge=0, lt=2**63, description="noise seed")
+
+    @model_validator(mode="after")
+    def _check_size(self) -> TalkloopConfig:
+        self.video.check_size(self.model.family)
+        return self
+
+
+def build_config(**overrides: object) -> TalkloopConfig:
+    """Build a config from nested dicts, turning validation failures into one ConfigError."""
+    try:
+        return TalkloopConfig.model_validate(overrides)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        msg = e["msg"].removeprefix("Value error, ")
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        parts.append(f"{where}: {msg}{shown}")
+    return "invalid config: " + "; ".join(parts)

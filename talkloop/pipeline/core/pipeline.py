@@ -1,0 +1,130 @@
+"""Pipeline: connects stages, owns each session's rolling memory and drives the chunk schedule.
+
+A pipeline has four phases, each a list of stages over named fields:
+
+- ``init``    (once per session): reference image and prompt -> conditioning (the prompt's
+  expression painted onto the reference);
+- ``n_chunk`` (per N chunk): audio windows -> features -> low-res latents of the chunk;
+- ``i_chunk`` (per I chunk): the new N chunk + the previous anchor -> the interior latents;
+- ``publish`` (per display segment): low-res latents in display order -> SR -> RGB frames.
+
+The phase graph and its check are in ``graph.py``; a session's loop is in ``session.py``.
+Streaming and batch are the same loop: ``Session.step`` runs the next N chunk (and the I chunk
+before it) as soon as its audio is there and publishes to the sinks. Batch mode pulls audio from
+a finite source as fast as it can; streaming mode is fed by ``push_audio`` from another thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.pipeline.core.errors import PipelineError
+from talkloop.pipeline.core.graph import Phase, check_graph, default_phases
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.core.records import StreamInfo
+from talkloop.pipeline.core.schedule import Timeline
+from talkloop.pipeline.core.session import Session
+from talkloop.pipeline.core.stage import Stage, StageContext
+from talkloop.pipeline.core.state import SESSION_FIELDS, SessionState
+from talkloop.pipeline.outputs.sink import Sink
+
+
+class Pipeline:
+    """Stages + modules for one config. Sessions share the modules, never state.
+
+    Args:
+        config: the root config.
+        modules: loaded modules by name.
+        phases: stage lists; ``default_phases(config)`` if omitted.
+    """
+
+    def __init__(
+        self,
+        config: TalkloopConfig,
+        modules: Mapping[str, Module],
+        phases: Mapping[str, Phase] | None = None,
+    ) -> None:
+        self.config = config
+        self.modules = dict(modules)
+        self.phases = dict(phases or default_phases(config))
+        check_graph(self.phases, self.modules)
+        self.timeline = Timeline(config.schedule)
+        enc = self.modules["audio_encoder"].config if "audio_encoder" in self.modules else None
+        if (
+            enc is not None
+            and getattr(enc, "sample_rate", config.audio.sample_rate) != config.audio.sample_rate
+        ):
+            raise PipelineError(
+                f"the audio encoder expects {enc.sample_rate} Hz but audio.sample_rate is "
+                f"{config.audio.sample_rate}; set audio.sample_rate={enc.sample_rate}"
+            )
+        self.window_samples = int(getattr(enc, "window_samples", 0))
+        self.lookahead_samples = int(getattr(enc, "lookahead_samples", 0))
+        self.info = StreamInfo(
+            config.video.width, config.video.height, config.video.fps, config.audio.sample_rate
+        )
+        # Called with (phase name, stage) before each stage runs: the offload layer prefetches
+        # the next stage's model here (talkloop/pipeline/offload/prefetch.py).
+        self.stage_hooks: list[Callable[[str, Stage], None]] = []
+        from talkloop.pipeline.offload.prefetch import stage_prefetcher
+
+        prefetcher = stage_prefetcher(self)
+        if prefetcher is not None:
+            self.stage_hooks.append(prefetcher)
+
+    @classmethod
+    def from_config(cls, config: TalkloopConfig) -> Pipeline:
+        from talkloop.pipeline.models.registry import load_modules
+
+        return cls(config, load_modules(config))
+
+    def open_session(
+        self,
+        reference: np.ndarray,
+        prompt: str = "",
+        sinks: Sequence[Sink] = (),
+        seed: int | None = None,
+    ) -> Session:
+        """Start a session: encode the reference and prompt, open the sinks."""
+        return Session(self, reference, prompt, sinks, self.config.seed if seed is None else seed)
+
+    # -- running phases ---------------------------------------------------------------------------
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.config.model.compute_dtype == "bfloat16":
+            if self.config.model.device == "cuda":  # host-side ops stay under CPU autocast
+                stack = contextlib.ExitStack()
+                stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+                stack.enter_context(torch.autocast("cuda", dtype=torch.bfloat16))
+                return stack
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def run_phase(
+        self,
+        name: str,
+        work: dict[str, Any],
+        state: SessionState,
+        timings: dict[str, float] | None = None,
+    ) -> dict[str, Any]:
+        """Run the stages of phase ``name`` over ``work`` (its input fields) and the state.
+
+        ``timings``, if given, accumulates seconds per "phase/stage" key (a fixed set of keys).
+        """
+        with torch.inference_mode(), self.autocast():
+            for stage in self.phases[name].stages:
+                t0 = time.perf_counter()
+                for hook in self.stage_hooks:
+                    hook(name, stage)
+                stage.run(StageContext(stage, work, state, self.modules, SESSION_FIELDS))
+                if timings is not None:
+                    key = f"{name}/{stage.name}"
+                    timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
+        return work

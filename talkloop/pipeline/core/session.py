@@ -1,0 +1,411 @@
+"""Session: one avatar stream's loop over the N/I timeline, its input and its statistics.
+
+Thread model: ``push_audio``/``end_audio``/``set_prompt`` may be called from any thread; the
+``step``/``render``/``run_live`` loop runs on one worker thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
+from talkloop.pipeline.core.errors import InputError, SessionClosedError
+from talkloop.pipeline.core.records import AudioChunk, VideoChunk
+from talkloop.pipeline.core.schedule import NChunk
+from talkloop.pipeline.core.state import SessionState
+from talkloop.pipeline.outputs.sink import Sink
+
+if TYPE_CHECKING:
+    from talkloop.pipeline.core.pipeline import Pipeline
+
+
+@dataclass
+class SessionStats:
+    """Running figures of a session (constant size: no histories)."""
+
+    frames: int = 0
+    chunks: int = 0
+    generate_seconds: float = 0.0
+    first_frame_at: float | None = None  # perf_counter() when the first frame was published
+    first_audio_at: float | None = None  # perf_counter() when the first audio sample arrived
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # per stage name, plus "sinks"
+    skipped_frames: int = 0  # live catch-up (run_live with max_lag_s)
+    chunk_seconds: float | None = None  # recent wall time of one N chunk step (EMA), live budgets
+
+    @property
+    def ttff_ms(self) -> float | None:
+        if self.first_frame_at is None or self.first_audio_at is None:
+            return None
+        return (self.first_frame_at - self.first_audio_at) * 1000.0
+
+    def stage_rtf(self, fps: float) -> dict[str, float]:
+        """Where the time goes: seconds of each "phase/stage" per second of video published
+        (their sum is at most the rtf). Safe to call from another thread than the loop's."""
+        media = max(self.frames / fps, 1e-9)
+        return {k: v / media for k, v in sorted(dict(self.stage_seconds).items())}
+
+
+class Session:
+    """One avatar stream. Not created directly: use ``Pipeline.open_session``.
+
+    Thread model: ``push_audio``/``end_audio``/``set_prompt`` may be called from any thread; the
+    ``step``/``render``/``run_live`` loop runs on one worker thread.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        reference: np.ndarray,
+        prompt: str,
+        sinks: Sequence[Sink],
+        seed: int,
+    ) -> None:
+        cfg = pipeline.config
+        if reference.shape != (cfg.video.height, cfg.video.width, 3) or reference.dtype != np.uint8:
+            raise InputError(
+                f"reference must be a ({cfg.video.height}, {cfg.video.width}, 3) uint8 RGB array, "
+                f"got {reference.shape} {reference.dtype}"
+            )
+        self.pipeline = pipeline
+        self.seed = seed
+        self.sinks = list(sinks)
+        self.state = SessionState(prompt=prompt)
+        self.stats = SessionStats()
+        self._cond = threading.Condition()
+        self._pending_prompt: str | None = None
+        self._closed = False
+        self._max_buffer = cfg.audio.sample_rate * 30  # backpressure bound for push_audio
+        # Interrupts bump the audio epoch; each chunk records the epoch its audio was read in,
+        # so consumers can tell frames made from since-interrupted audio (VideoChunk.epoch).
+        self.audio_epoch = 0
+        self._step_epoch = 0
+        pipeline.run_phase("init", {"reference_image": reference, "prompt": prompt}, self.state)
+        opened: list[Sink] = []
+        try:
+            for sink in self.sinks:
+                sink.open(pipeline.info)
+                opened.append(sink)
+        except BaseException:
+            for sink in opened:
+                sink.abort()
+            raise
+
+    # -- input ------------------------------------------------------------------------------------
+
+    def push_audio(self, samples: np.ndarray, timeout: float | None = None) -> None:
+        """Append driving audio: float32 mono at the pipeline's sample rate.
+
+        Blocks while more than 30 s of audio is waiting (backpressure), up to ``timeout``.
+        """
+        samples = np.asarray(samples)
+        if samples.ndim != 1 or not np.issubdtype(samples.dtype, np.floating):
+            raise InputError(
+                f"audio must be a 1-D float array (mono), got {samples.shape} {samples.dtype}"
+            )
+        if not np.all(np.isfinite(samples)):
+            raise InputError("audio contains NaN or infinite samples")
+        with self._cond:
+            if self._closed or self.state.audio.ended:
+                raise SessionClosedError("cannot push audio: the session's audio has ended")
+            buf = self.state.audio
+            if not self._cond.wait_for(
+                lambda: buf.samples.shape[0] < self._max_buffer or self._closed, timeout
+            ):
+                raise TimeoutError("audio buffer full: the pipeline is behind")
+            if self.stats.first_audio_at is None and samples.size:
+                self.stats.first_audio_at = time.perf_counter()
+            buf.append(samples)
+            self._cond.notify_all()
+
+    def end_audio(self) -> None:
+        """No more audio will come: the remaining chunks run with the audio received."""
+        with self._cond:
+            self.state.audio.ended = True
+            self._cond.notify_all()
+
+    def silence_unconsumed_audio(self, from_sample: int = 0) -> int:
+        """Zero the audio no chunk has used yet (an interrupt): the avatar returns to idle.
+
+        Args:
+            from_sample: never zero audio before this sample (audio already played out).
+
+        Returns:
+            The new audio epoch: chunks whose audio was read before this call carry a lower one.
+        """
+        info, p = self.pipeline.info, self.pipeline
+        with self._cond:
+            used = frame_start_sample(self.state.frames_published, info.fps, info.sample_rate)
+            buf = self.state.audio
+            start = max(used + p.lookahead_samples, from_sample)
+            buf.samples[max(0, start - buf.offset) :] = 0.0
+            self.audio_epoch += 1
+            return self.audio_epoch
+
+    def set_prompt(self, prompt: str) -> None:
+        """Change the text conditioning from the next chunk on."""
+        with self._cond:
+            self._pending_prompt = prompt
+
+    # -- schedule ---------------------------------------------------------------------------------
+
+    def _total_frames(self) -> int | None:
+        buf, info = self.state.audio, self.pipeline.info
+        return frames_for_samples(buf.received, info.fps, info.sample_rate) if buf.ended else None
+
+    def _audio_needed(self, n: NChunk) -> int:
+        """Samples that must have arrived before N chunk ``n`` can run (its last window's end)."""
+        info = self.pipeline.info
+        return (
+            frame_start_sample(n.stop, info.fps, info.sample_rate) + self.pipeline.lookahead_samples
+        )
+
+    def next_chunk(self) -> NChunk | None:
+        return self.pipeline.timeline.n_chunk(self.state.next_n, self._total_frames())
+
+    @property
+    def finished(self) -> bool:
+        return self.state.audio.ended and self.next_chunk() is None
+
+    def ready(self) -> bool:
+        """True when ``step`` would generate a chunk without waiting for audio."""
+        with self._cond:
+            n = self.next_chunk()
+            if n is None:
+                return False
+            return self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._closed or self.finished or self._ready_locked(), timeout
+            )
+
+    def _ready_locked(self) -> bool:
+        n = self.next_chunk()
+        return n is not None and (
+            self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
+        )
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Generate and publish the next N chunk (and the I chunk before it) if its audio is here.
+
+        Returns the number of frames published (0 when not ready or finished).
+        """
+        if self._closed:
+            raise SessionClosedError("the session is closed")
+        p, state = self.pipeline, self.state
+        with self._cond:
+            if not self._ready_locked():
+                return 0
+            n = self.next_chunk()
+            assert n is not None  # _ready_locked checked it
+            windows = self._windows(n)
+            self._step_epoch = self.audio_epoch
+            total_samples = state.audio.received if state.audio.ended else None
+            prompt, self._pending_prompt = self._pending_prompt, None
+        t0 = time.perf_counter()
+        if prompt is not None and prompt != state.prompt:
+            state.prompt = prompt
+            p.run_phase("prompt", {"prompt": prompt}, state, self.stats.stage_seconds)
+        work = p.run_phase(
+            "n_chunk",
+            {"job": n, "seed": self.seed, "audio_windows": windows},
+            state,
+            self.stats.stage_seconds,
+        )
+        latents, chunk_audio = work.pop("latents"), work.pop("chunk_audio")
+        del work, windows
+        segments = p.timeline.segments_after(n)
+        if len(segments) == 2:  # an I chunk redoes the first frames of n
+            i_job = segments[0].source
+            i_work = p.run_phase(
+                "i_chunk",
+                {
+                    "job": i_job,
+                    "seed": self.seed,
+                    "next_latents": latents,
+                    "next_audio": chunk_audio,
+                },
+                state,
+                self.stats.stage_seconds,
+            )
+            display = torch.cat([i_work.pop("latents"), latents[i_job.length :]])
+            del i_work
+        else:
+            display = latents
+        # Roll the motion context forward: the tail of the newest N chunk and its audio features.
+        ctx_len = min(p.config.schedule.ctx_len, latents.shape[0])
+        state.context_latents = latents[-ctx_len:].clone()
+        state.context_audio = chunk_audio[-ctx_len:].clone()
+        del latents
+        frames = p.run_phase(
+            "publish",
+            {  # both: the frames of n, in display order
+                "segment_latents": display,
+                "segment_audio": chunk_audio,
+                "segment_start": n.start,
+                "seed": self.seed,
+            },
+            state,
+            self.stats.stage_seconds,
+        ).pop("frames")
+        del display, chunk_audio
+        took = time.perf_counter() - t0
+        self.stats.generate_seconds += took
+        last = self.stats.chunk_seconds
+        self.stats.chunk_seconds = took if last is None else 0.8 * last + 0.2 * took
+        self._publish(n.start, frames, total_samples)
+        with self._cond:
+            state.next_n += 1
+            state.frames_published = n.stop
+            self._trim_audio()
+            self._cond.notify_all()
+        self.stats.chunks += 1
+        return int(frames.shape[0])
+
+    def lag_seconds(self) -> float:
+        """Audio waiting beyond what the next N chunk needs (0 when generation keeps up)."""
+        with self._cond:
+            n = self.next_chunk()
+            if n is None:
+                return 0.0
+            extra = self.state.audio.received - self._audio_needed(n)
+            return max(0, extra) / self.pipeline.info.sample_rate
+
+    def skip_chunk(self) -> int:
+        """Advance past the next N chunk without generating it (live catch-up).
+
+        The motion context stays that of the last generated chunk; the next chunk continues from
+        it. Returns the number of frames skipped (counted in ``stats.skipped_frames``).
+        """
+        with self._cond:
+            n = self.next_chunk()
+            # N0 is never skipped: later chunks and I chunks need its motion context.
+            if n is None or n.index == 0 or not self._ready_locked():
+                return 0
+            self.state.next_n += 1
+            self.state.frames_published = n.stop
+            self._trim_audio()
+            self._cond.notify_all()
+        self.stats.skipped_frames += n.length
+        return n.length
+
+    def _windows(self, n: NChunk) -> np.ndarray:
+        """(T, W) audio windows of the frames of ``n``, each ending lookahead after its frame."""
+        info, p = self.pipeline.info, self.pipeline
+        ends = [
+            frame_start_sample(j + 1, info.fps, info.sample_rate) + p.lookahead_samples
+            for j in range(n.start, n.stop)
+        ]
+        return np.stack([self.state.audio.window(e - p.window_samples, e) for e in ends])
+
+    def _trim_audio(self) -> None:
+        """Release audio that neither publishing nor a future window needs."""
+        info, p, done = self.pipeline.info, self.pipeline, self.state.frames_published
+        keep_from = min(
+            frame_start_sample(done, info.fps, info.sample_rate),
+            frame_start_sample(done + 1, info.fps, info.sample_rate)
+            + p.lookahead_samples
+            - p.window_samples,
+        )
+        self.state.audio.trim_before(max(0, keep_from))
+
+    def _publish(self, first: int, frames: np.ndarray, total_samples: int | None) -> None:
+        info = self.pipeline.info
+        a = frame_start_sample(first, info.fps, info.sample_rate)
+        b = frame_start_sample(first + frames.shape[0], info.fps, info.sample_rate)
+        if total_samples is not None:
+            b = min(b, total_samples)
+        with self._cond:
+            audio = self.state.audio.window(a, b)
+        video_chunk = VideoChunk(frames, first, self._step_epoch)
+        audio_chunk = AudioChunk(audio, a)
+        t0 = time.perf_counter()
+        for sink in self.sinks:
+            sink.write(video_chunk, audio_chunk)
+        sinks = self.stats.stage_seconds
+        sinks["sinks"] = sinks.get("sinks", 0.0) + time.perf_counter() - t0
+        if self.stats.first_frame_at is None:
+            self.stats.first_frame_at = time.perf_counter()
+        self.stats.frames += frames.shape[0]
+
+    # -- drivers ----------------------------------------------------------------------------------
+
+    def render(self, source: Iterable[np.ndarray]) -> None:
+        """Batch mode: pull audio blocks from ``source`` only as needed, run every chunk, close."""
+        blocks: Iterator[np.ndarray] = iter(source)
+        try:
+            while not self.finished:
+                if self.step():
+                    continue
+                block = next(blocks, None)
+                if block is None:
+                    self.end_audio()
+                else:
+                    self.push_audio(block)
+        except KeyboardInterrupt:
+            self.close()  # Ctrl-C / SIGTERM: keep what was produced, finalised and playable
+            raise
+        except BaseException:
+            self.abort()
+            raise
+        self.close()
+
+    def run_live(
+        self,
+        stop: threading.Event | None = None,
+        max_lag_s: float | Callable[[], float] | None = None,
+    ) -> None:
+        """Streaming mode: generate as audio is pushed from other threads until it ends.
+
+        Args:
+            stop: set it to end the loop (the sinks are closed).
+            max_lag_s: live catch-up. When more audio than this is waiting beyond what the next
+                chunk needs (generation fell behind real time), whole N chunks are skipped, so the
+                lag stays bounded; their frames are never generated (a live track repeats the last
+                frame meanwhile). A callable is asked before every chunk (a bound that follows the
+                measured chunk time). None never skips (offline).
+        """
+        bound = max_lag_s if callable(max_lag_s) or max_lag_s is None else lambda: max_lag_s
+        try:
+            while not self.finished and not (stop and stop.is_set()):
+                if bound is not None and self.lag_seconds() > bound() and self.skip_chunk():
+                    continue
+                if not self.step():
+                    self.wait_ready(timeout=0.05)
+        except BaseException:
+            self.abort()
+            raise
+        self.close()
+
+    def close(self) -> None:
+        """Finish: sinks finalise what was produced."""
+        self._end(abort=False)
+
+    def abort(self) -> None:
+        """Error: sinks discard what was produced."""
+        self._end(abort=True)
+
+    def _end(self, abort: bool) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        errors: list[BaseException] = []
+        for sink in self.sinks:
+            try:
+                sink.abort() if abort else sink.close()
+            except BaseException as err:  # every sink gets its close, then the first error
+                errors.append(err)
+        if errors:
+            raise errors[0]

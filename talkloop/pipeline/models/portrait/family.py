@@ -1,0 +1,187 @@
+"""The portrait family: its root config, its three networks, how they load and the stages it runs.
+
+The family contract is in ``talkloop/pipeline/models/registry.py``. Networks: the studio's audio encoder
+(frozen, its weights copied into this family's folder), the packaged sentence encoder, and the
+motion net (``a2v``: an A2V DiT over motion parameters). The photo itself is the rest: framed by
+``load_reference``, warped by the renderer the init stage builds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.pipeline.core.errors import CheckpointError, ConfigError, InputError
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.portrait.motion import PortraitMotionConfig
+from talkloop.pipeline.models.studio.a2v import A2VDiT
+from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
+from talkloop.pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
+
+if TYPE_CHECKING:
+    from talkloop.pipeline.core.graph import Phase
+
+# Module name -> field of PortraitConfig (and the checkpoint files' stem).
+PORTRAIT_MODULES = {"audio_encoder": "audio", "text_encoder": "text", "a2v": "motion"}
+INSTALLED_WEIGHTS = Path(__file__).parent / "weights"
+DEFAULT_REFERENCE = Path(__file__).parent / "default_portrait.png"
+INIT_SEED = 0
+# Square 512 is the default; 384 and 768 and a 720x1280 phone framing are made for as well (the
+# renderer warps the photo at any size; the framing keeps the face at the same share of the frame).
+NATIVE_SIZES = ((512, 512), (384, 384), (768, 768), (720, 1280))
+# Live calls: 3-frame chunks (120 ms). The playout delay is two chunks plus the look-ahead plus
+# 40 ms (agent.session.default_playout_s): 320 ms here, against 480 ms with studio's 5-frame
+# chunks; the motion net's per-chunk cost is small enough to run a chunk this often. No I chunks:
+# redoing one frame between two anchors made the seams rougher, not smoother (8 held-out clips,
+# parameter change at seams / inside chunks: 1.29 with, 1.14 without; truth 1.00 / 0.93), with
+# the same lip sync (0.774 / 0.772). The sampler keeps its offline steps.
+LIVE_SCHEDULE = {"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2}
+LIVE_SAMPLER: dict[str, int] = {}
+
+
+# The family's networks are small (a motion token per frame) and its renderer is a few remaps a
+# frame: split over threads they gain little, and next to the video encoder on 2 cores the
+# threads' barrier waits made the motion net 10-20x slower. One thread computes; the encoder
+# (its own thread) has the other core.
+COMPUTE_THREADS = 1
+
+
+def use_compute_threads() -> None:
+    """Give torch and OpenCV ``COMPUTE_THREADS`` threads in this process."""
+    import cv2
+
+    torch.set_num_threads(COMPUTE_THREADS)
+    cv2.setNumThreads(COMPUTE_THREADS)
+
+
+class PortraitConfig(BaseModel):
+    """Root config of the portrait family; the networks' widths are checked to agree."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    audio: AudioEncoderConfig = Field(default_factory=AudioEncoderConfig)
+    text: TextEncoderConfig = Field(default_factory=TextEncoderConfig)
+    motion: PortraitMotionConfig = Field(default_factory=PortraitMotionConfig)
+
+    @model_validator(mode="after")
+    def _agree(self) -> PortraitConfig:
+        if self.motion.audio_dim != self.audio.dim:
+            raise ValueError(
+                f"motion.audio_dim={self.motion.audio_dim} must equal audio.dim={self.audio.dim}"
+            )
+        if self.motion.text_dim != self.text.dim:
+            raise ValueError(
+                f"motion.text_dim={self.motion.text_dim} must equal text.dim={self.text.dim}"
+            )
+        return self
+
+    @classmethod
+    def default(cls) -> PortraitConfig:
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> PortraitConfig:
+        """Tests: the networks run in milliseconds (the text encoder is the real one)."""
+        motion = PortraitMotionConfig.tiny().model_copy(update={"audio_dim": 16})
+        return cls(audio=AudioEncoderConfig(dim=16, hidden=16), motion=motion)
+
+
+def installed_weights() -> Path | None:
+    """The folder of trained portrait weights shipped with the package, if any."""
+    return INSTALLED_WEIGHTS if (INSTALLED_WEIGHTS / "a2v.safetensors").is_file() else None
+
+
+def load_modules(config: TalkloopConfig) -> dict[str, Module]:
+    """Build the family's modules; load trained weights unless ``model.untrained`` is set.
+
+    Also sets this process to one compute thread for torch and OpenCV (``COMPUTE_THREADS``).
+    """
+    from talkloop.pipeline.models.registry import finish_modules, weights_folder
+
+    use_compute_threads()
+    m = config.model
+    folder = weights_folder(
+        m, "portrait", installed_weights(), INSTALLED_WEIGHTS / "a2v.safetensors"
+    )
+    if folder is not None:
+        family = _config_from_folder(folder)
+    elif m.preset == "large":
+        raise ConfigError("the portrait family has presets default and tiny, not large")
+    else:
+        family = getattr(PortraitConfig, m.preset)()
+    with torch.random.fork_rng():
+        torch.manual_seed(INIT_SEED)
+        nets = {
+            "audio_encoder": StudioAudioEncoder(family.audio),
+            "text_encoder": StudioTextEncoder(family.text),
+            "a2v": A2VDiT(family.motion),
+        }
+    modules: dict[str, Module] = {}
+    for name, field in PORTRAIT_MODULES.items():
+        module = Module(name, getattr(family, field), nets[name])
+        if folder is not None and module.state_dict():
+            module.load(folder)
+        modules[name] = module
+    return finish_modules(modules, m)
+
+
+def _config_from_folder(folder: Path) -> PortraitConfig:
+    """The family config a weights folder was saved with (one JSON per module)."""
+    from talkloop.pipeline.models.registry import module_config
+
+    parts = {field: module_config(folder, name) for name, field in PORTRAIT_MODULES.items()}
+    try:
+        return PortraitConfig.model_validate(parts)
+    except ValidationError as err:
+        raise CheckpointError(f"{folder}: invalid portrait model config: {err}") from None
+
+
+def default_reference() -> Path:
+    """The path of the bundled default portrait."""
+    if not DEFAULT_REFERENCE.is_file():
+        raise InputError(
+            f"no --reference photo given and the default portrait ({DEFAULT_REFERENCE}) is "
+            "missing; pass --reference PHOTO"
+        )
+    return DEFAULT_REFERENCE
+
+
+def load_reference(
+    source: str | os.PathLike[str] | np.ndarray | None, width: int, height: int
+) -> np.ndarray:
+    """Frame a portrait (a path, an array, or None for the default portrait) to ``(height,
+    width, 3)`` uint8: head and shoulders, the face ~40-45 % of the height. Arrays are framed
+    too. Photos without a usable face raise InputError."""
+    from talkloop.pipeline.models.portrait.framing import frame_portrait
+
+    return frame_portrait(default_reference() if source is None else source, width, height).image
+
+
+def phases(config: TalkloopConfig) -> dict[str, Phase]:
+    """The portrait pipeline: the studio's audio features and N/I chunk stages drive the motion
+    net; the photo is prepared once and warped per frame."""
+    from talkloop.pipeline.core.graph import Phase
+    from talkloop.pipeline.models.portrait.stages import PortraitReferenceStage, PortraitRenderStage
+    from talkloop.pipeline.stages.a2v import chunk_phases
+    from talkloop.pipeline.stages.init import PromptStage
+
+    return {
+        "init": Phase(
+            "init",
+            frozenset({"reference_image", "prompt"}),
+            [PortraitReferenceStage(), PromptStage()],
+        ),
+        "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage()]),
+        **chunk_phases(config.sampler),
+        "publish": Phase(
+            "publish",
+            frozenset({"segment_latents", "segment_audio", "segment_start", "seed"}),
+            [PortraitRenderStage(config.video.fps)],
+        ),
+    }

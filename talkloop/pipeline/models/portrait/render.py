@@ -1,0 +1,226 @@
+"""The portrait renderer: motion parameters -> frames, by warping the photo along its mesh.
+
+Per photo (once): the warp mesh and its grid weights (``mesh.py``), the face rig (``rig.py``),
+the eye geometry (``eyes.py``), the mouth textures (``mouth.py``) and the person layer with its
+background plate (``layers.py``). Per frame: the eyes blink / look on the source photo, the rig
+moves the mesh vertices, one sparse product gives the displacement of the moving box on a
+coarse grid, Newton steps invert it (around parted lips the moved triangles are rasterised
+exactly instead), one ``cv2.remap`` samples the frame, the warped person is laid over the
+still background plate, and the opened mouth is painted inside the moved inner lips.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.models.portrait import topology as topo
+from talkloop.pipeline.models.portrait.eyes import EyeWarp
+from talkloop.pipeline.models.portrait.layers import PersonLayer
+from talkloop.pipeline.models.portrait.mesh import (
+    FACE_TRIANGLES,
+    MOUTH_GAP,
+    N_FACE,
+    WarpMesh,
+    exact_inverse,
+    inverse_offsets,
+)
+from talkloop.pipeline.models.portrait.mouth import MouthPainter
+from talkloop.pipeline.models.portrait.rig import F, FaceRig
+from talkloop.pipeline.studio.params import FRAME_FIELDS
+
+INVERSE_STEPS = 3
+SEAM = 5.0  # pixels over which the exact mouth maps take over from the fixed-point ones
+# The documented range of every field (FRAME_FIELDS); translations are held to a quarter of
+# the frame height, which is already far more than a talking head moves.
+_UNIT = ("mouth_open", "mouth_round", "teeth", "tongue", "jaw", "blink")
+_RANGE = {name: (0.0, 1.0) if name in _UNIT else (-1.0, 1.0) for name in FRAME_FIELDS}
+_RANGE.update(yaw=(-0.35, 0.35), pitch=(-0.35, 0.35), roll=(-0.35, 0.35))
+_RANGE.update(tx=(-0.25, 0.25), ty=(-0.25, 0.25))
+PARAM_LOW = np.array([_RANGE[name][0] for name in FRAME_FIELDS], np.float32)
+PARAM_HIGH = np.array([_RANGE[name][1] for name in FRAME_FIELDS], np.float32)
+
+
+class PortraitRenderer:
+    """Renders frames of one framed portrait from motion parameters.
+
+    Args:
+        image: (H, W, 3) uint8 RGB framed photo.
+        landmarks: (478, 3) float32 face-mesh landmarks in the image's pixels.
+        mask: (H, W) float32 person mask in [0, 1] (1 = the person), or None to let a soft
+            region around the head and hair move.
+    """
+
+    def __init__(self, image: np.ndarray, landmarks: np.ndarray, mask: np.ndarray | None = None):
+        image = np.asarray(image)
+        if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
+            raise InputError(
+                f"portrait image must be (H, W, 3) uint8, got {image.shape} {image.dtype}"
+            )
+        landmarks = np.asarray(landmarks, np.float32)
+        if landmarks.shape != (478, 3) or not np.isfinite(landmarks).all():
+            raise InputError(
+                f"portrait landmarks must be (478, 3) finite floats, got {landmarks.shape}"
+            )
+        h, w = image.shape[:2]
+        self.image = np.ascontiguousarray(image)
+        self.height, self.width = h, w
+        self.mesh = WarpMesh(landmarks, (h, w))
+        mask = self._person_mask(landmarks, mask)
+        ring = self.mesh.points[N_FACE : N_FACE + self.mesh.n_ring]
+        ri = np.round(ring).astype(int)
+        mobility = mask[ri[:, 1].clip(0, h - 1), ri[:, 0].clip(0, w - 1)]
+        self.rig = FaceRig(self.mesh, landmarks, h, mobility)
+        self.layer = PersonLayer(self.image, mask)
+        y0, y1, x0, x1 = self.mesh.box
+        self._grid = np.dstack(
+            np.meshgrid(np.arange(x0, x1, dtype=np.float32), np.arange(y0, y1, dtype=np.float32))
+        )  # (bh, bw, 2) the box's pixel coordinates
+        self._plate = np.ascontiguousarray(self.layer.plate[y0:y1, x0:x1])
+        self.eyes = EyeWarp(landmarks, (h, w))
+        self.mouth = MouthPainter(self.image, landmarks)
+        self.landmarks = landmarks
+        self.mouth_triangles = self._mouth_zone()
+        self._inner_up = np.array(topo.LIPS_INNER_UPPER)
+        self._inner_lo = np.array(topo.LIPS_INNER_LOWER)
+
+    def _mouth_zone(self) -> np.ndarray:
+        """Triangles around the mouth whose inverse is rasterised exactly (the gap strip
+        first, so the lips' own triangles win on their shared edge pixels)."""
+        rig = self.rig
+        uc, vc = rig.mouth_centre
+        u, v = rig.uv[:N_FACE, 0], rig.uv[:N_FACE, 1]
+        near = (np.abs(u - uc) < 2.0 * rig.mouth_half_width) & (v > rig.uv[2, 1] - 0.02)
+        near &= v < rig.uv[topo.CHIN, 1] + 0.01
+        tris = FACE_TRIANGLES[near[FACE_TRIANGLES].all(1)]
+        gap = set(map(tuple, MOUTH_GAP))
+        is_gap = np.array([tuple(t) in gap for t in tris])
+        return np.concatenate([tris[is_gap], tris[~is_gap]])
+
+    def _person_mask(self, landmarks: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """(H, W) float32 person mask; without one, the head and the hair around it."""
+        h, w = self.height, self.width
+        if mask is None:
+            # The face oval grown to take in the hair (the first anchor ring).
+            oval = landmarks[list(topo.FACE_OVAL), :2]
+            centre = oval.mean(0)
+            m = np.zeros((h, w), np.uint8)
+            cv2.fillPoly(m, [np.round(centre + (oval - centre) * 1.3).astype(np.int32)], 255)
+            k = int(0.1 * np.ptp(oval[:, 1])) | 1
+            return cv2.GaussianBlur(m, (k, k), 0).astype(np.float32) / 255.0
+        mask = np.asarray(mask, np.float32)
+        if mask.shape != (h, w) or not np.isfinite(mask).all():
+            raise InputError(f"portrait mask must be ({h}, {w}) finite floats, got {mask.shape}")
+        return np.clip(mask, 0.0, 1.0)
+
+    def _exact_mouth(self, d: np.ndarray, xy: np.ndarray) -> None:
+        """Overwrite the fixed-point map around the mouth with the exact inverse (in place).
+
+        Args:
+            d: (V, 2) vertex displacements of the frame.
+            xy: (bh, bw, 2) float32 the box's sampling map (photo x, y per box pixel).
+        """
+        tris = self.mouth_triangles
+        if not np.any(d[tris]):
+            return
+        y0, y1, x0, x1 = self.mesh.box
+        src = self.mesh.points
+        dst = src + d
+        pts = dst[np.unique(tris)]
+        zx0, zy0 = np.floor(pts.min(0)).astype(int) - 1
+        zx1, zy1 = np.ceil(pts.max(0)).astype(int) + 2
+        zone = (max(y0, zy0), min(y1, zy1), max(x0, zx0), min(x1, zx1))
+        if zone[1] <= zone[0] or zone[3] <= zone[2]:
+            return
+        ex, ey, covered = exact_inverse(src, dst, tris, zone)
+        sub = (slice(zone[0] - y0, zone[1] - y0), slice(zone[2] - x0, zone[3] - x0))
+        # Feather the seam over a few pixels: just outside the zone the fixed-point maps are
+        # off by up to a pixel, which a hard switch would show as a doubled line of skin.
+        inner = cv2.distanceTransform(covered.view(np.uint8), cv2.DIST_L2, 3)
+        w = np.minimum(inner * (1 / SEAM), 1)  # (zh, zw) distances are never negative
+        mx, my = xy[..., 0][sub], xy[..., 1][sub]  # views into the map
+        mx += (ex - mx) * w
+        my += (ey - my) * w
+
+    def render(self, params: np.ndarray) -> np.ndarray:
+        """Frames for a batch of motion parameters.
+
+        Args:
+            params: (T, 16) float32 in FRAME_FIELDS order and units; all zeros = the photo.
+
+        Returns:
+            (T, H, W, 3) uint8 RGB frames.
+        """
+        params = np.asarray(params)
+        if params.ndim != 2 or params.shape[1] != len(FRAME_FIELDS):
+            raise InputError(
+                f"portrait params must be (T, {len(FRAME_FIELDS)}) in FRAME_FIELDS order, "
+                f"got shape {params.shape}"
+            )
+        if not np.isfinite(params).all():
+            raise InputError("portrait params contain NaN or infinite values")
+        # A motion model may overshoot: hold every field to its documented range.
+        params = np.clip(params.astype(np.float32), PARAM_LOW, PARAM_HIGH)
+        head_only = np.zeros_like(params)
+        for name in ("yaw", "pitch", "roll", "tx", "ty"):
+            head_only[:, F[name]] = params[:, F[name]]
+        # One rig call for both (its cost is per call, not per vertex, at a few frames).
+        both = self.rig.displacements(np.concatenate([params, head_only]))  # (2T, V, 2)
+        disp = both[: len(params)]  # (T, V, 2)
+        skull = both[len(params) :, self._inner_up]  # (T, 11, 2)
+        frames = np.empty((len(params), self.height, self.width, 3), np.uint8)
+        y0, y1, x0, x1 = self.mesh.box
+        oval_idx = list(topo.FACE_OVAL)
+        oval_src = self.landmarks[oval_idx, :2]
+
+        def moved_oval(d: np.ndarray) -> np.ndarray:
+            return oval_src + d[oval_idx]
+
+        for t, p in enumerate(params):
+            frame = frames[t]
+            frame[:] = self.image
+            source = self.image
+            blink, gx, gy = float(p[F["blink"]]), float(p[F["gaze_x"]]), float(p[F["gaze_y"]])
+            if blink != 0.0 or gx != 0.0 or gy != 0.0:
+                source = self.image.copy()
+                self.eyes.apply(self.image, source, float(np.clip(blink, 0, 1)), gx, gy)
+            d = disp[t]
+            if np.abs(d).max() < 1e-3:
+                # Below a thousandth of a pixel (rounding in the pose rotation) nothing moves:
+                # cv2.remap would sample the same pixels; skip the warp.
+                d = np.zeros_like(d)
+            moved = self.landmarks[:N_FACE, :2] + d[:N_FACE]
+            up, lo = moved[self._inner_up], moved[self._inner_lo]
+            # Lips further apart than in the photo: the gap needs the exact inverse and paint.
+            opened = float(np.linalg.norm(up[5] - lo[5])) > self.mouth.gap + 0.25
+            if np.any(d):
+                field = self.mesh.field(d)  # (ch, cw, 2)
+                off = inverse_offsets(field, INVERSE_STEPS)
+                off = cv2.resize(off, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
+                # One interleaved (bh, bw, 2) map: x and y without splitting the offsets.
+                xy = cv2.add(self._grid, off)
+                if opened:
+                    self._exact_mouth(d, xy)
+                warped = cv2.remap(
+                    source, xy, None, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+                )
+                alpha = cv2.remap(self.layer.alpha, xy, None, cv2.INTER_LINEAR)
+                # The face itself is never see-through, whatever the mask's edge does there.
+                oval = np.round((moved_oval(d) - (x0, y0)) * 8).astype(np.int32)
+                cv2.fillPoly(alpha, [oval], 1.0, cv2.LINE_AA, 3)
+                # The person over the still background plate.
+                frame[y0:y1, x0:x1] = cv2.blendLinear(warped, self._plate, alpha, 1.0 - alpha)
+            elif source is not self.image:
+                frame[:] = source
+            if not opened:
+                continue  # the warp already shows the photo's own mouth, moved
+            self.mouth.paint(
+                frame,
+                up.astype(np.float64),
+                lo.astype(np.float64),
+                (self.landmarks[self._inner_up, :2] + skull[t]).astype(np.float64),
+                float(np.clip(p[F["teeth"]], 0, 1)),
+                float(np.clip(p[F["tongue"]], 0, 1)),
+            )
+        return frames

@@ -1,0 +1,59 @@
+"""The portrait family's own stages: the photo prepared for warping, and parameters -> frames.
+
+The chunk stages between them are the studio's (audio features, N/I context, the A2V sampler):
+the motion net is an A2V DiT over one 16-channel token per frame (``motion.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.core.stage import Stage, StageContext
+from talkloop.pipeline.models.portrait.blinks import blink_track
+from talkloop.pipeline.studio.params import FRAME_FIELDS
+
+BLINK = FRAME_FIELDS.index("blink")
+
+
+class PortraitReferenceStage(Stage):
+    """Landmarks and person mask of the framed photo -> its renderer (the family's reference
+    "latent": the photo, its mesh and warp weights) and the motion net's rest parameters."""
+
+    name = "portrait_reference"
+    reads = ("reference_image",)
+    writes = ("ref_latent", "ref_latent_lr")
+    needs = ("a2v",)
+
+    def run(self, ctx: StageContext) -> None:
+        from talkloop.pipeline.models.portrait.face import detect_faces, face_landmarks, person_mask
+        from talkloop.pipeline.models.portrait.render import PortraitRenderer
+
+        image = ctx.read("reference_image")  # (H, W, 3) uint8, framed by load_reference
+        faces = detect_faces(image)
+        if not faces:
+            raise InputError(
+                "no face found in the reference image: use a photo of one person facing the camera"
+            )
+        landmarks = face_landmarks(image, faces[0])  # (478, 3)
+        ctx.write("ref_latent", PortraitRenderer(image, landmarks, person_mask(image)))
+        ctx.write("ref_latent_lr", ctx.module("a2v").config.rest_latent())  # (1, 16, 1, 1)
+
+
+class PortraitRenderStage(Stage):
+    """Motion latents in display order -> raw parameters (plus the seeded blinks of
+    ``blinks.py``) -> frames warped from the photo."""
+
+    name = "render"
+    reads = ("segment_latents", "segment_start", "seed", "ref_latent")
+    writes = ("frames",)
+    needs = ("a2v",)
+
+    def __init__(self, fps: int) -> None:
+        self.fps = fps
+
+    def run(self, ctx: StageContext) -> None:
+        params = ctx.module("a2v").config.denormalise(ctx.read("segment_latents"))  # (T, 16)
+        blinks = blink_track(ctx.read("seed"), ctx.read("segment_start"), len(params), self.fps)
+        params[:, BLINK] = np.maximum(params[:, BLINK], blinks)
+        ctx.write("frames", ctx.read("ref_latent").render(params))  # (T, H, W, 3) uint8

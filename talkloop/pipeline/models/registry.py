@@ -1,0 +1,110 @@
+"""Model families: each is a folder under ``talkloop/pipeline/models/`` whose ``family.py`` implements the
+contract below. The framework asks the family named by ``config.model.family`` and knows nothing
+else about it; adding a family is a folder plus its name in ``FAMILIES``.
+
+The contract (module-level names of ``talkloop/pipeline/models/<name>/family.py``):
+
+- ``load_modules(config) -> dict[str, Module]``: the family's networks, trained weights loaded
+  (``config.model.weights`` or the installed folder) unless ``config.model.untrained``;
+- ``phases(config) -> dict[str, Phase]``: the stages of the init / prompt / n_chunk / i_chunk /
+  publish phases (``talkloop/pipeline/core/pipeline.py`` checks the graph);
+- ``load_reference(source, width, height) -> np.ndarray``: a path, an array or None (the
+  family's default avatar) -> the ``(height, width, 3)`` uint8 image a session starts from;
+- ``installed_weights() -> Path | None``: the weights folder shipped with the package;
+- ``NATIVE_SIZES``: the (width, height) sizes the shipped weights were made for.
+- ``LIVE_SCHEDULE`` / ``LIVE_SAMPLER``: the chunk schedule and sampler overrides of live calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from talkloop.pipeline.core.config import FAMILIES, ModelConfig, TalkloopConfig
+from talkloop.pipeline.core.errors import CheckpointError, ConfigError, WeightsMissingError
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.sizes import warn_unless_native_size
+
+if TYPE_CHECKING:
+    from talkloop.pipeline.core.graph import Phase
+
+
+def family(name: str) -> ModuleType:
+    """The ``family.py`` module of family ``name``."""
+    if name not in FAMILIES:
+        raise ConfigError(f"unknown model family {name!r}: use one of {', '.join(FAMILIES)}")
+    return importlib.import_module(f"talkloop.pipeline.models.{name}.family")
+
+
+def load_modules(config: TalkloopConfig) -> dict[str, Module]:
+    """Build the configured family's modules (see the module docstring)."""
+    warn_unless_native_size(config)  # once: weights trained at 256 do not make a 512 face
+    return family(config.model.family).load_modules(config)
+
+
+def phases(config: TalkloopConfig) -> dict[str, Phase]:
+    """The configured family's stages, per phase."""
+    return family(config.model.family).phases(config)
+
+
+def load_reference(
+    config: TalkloopConfig, source: str | os.PathLike[str] | np.ndarray | None
+) -> np.ndarray:
+    """``source`` (a path, an array, or None for the family's default avatar) as the session's
+    ``(height, width, 3)`` uint8 reference image. Bad images raise InputError."""
+    v = config.video
+    return family(config.model.family).load_reference(source, v.width, v.height)
+
+
+def installed_weights(name: str = "studio") -> Path | None:
+    """The weights folder shipped with family ``name``, if any."""
+    return family(name).installed_weights()
+
+
+# -- for the families' loaders ---------------------------------------------------------------------
+
+
+def weights_folder(model: ModelConfig, name: str, installed: Path | None, expected: Path):
+    """The checkpoint folder family ``name`` loads: ``model.weights``, else the installed one;
+    None when ``model.untrained``. ``expected`` is the file an installed folder would have."""
+    if model.untrained:
+        return None
+    folder = model.weights or installed
+    if folder is None:
+        raise WeightsMissingError(
+            f"no trained weights are installed for the {name} model (expected {expected}). "
+            "Pass --weights DIR to use a checkpoint folder, or --untrained to run with random "
+            "weights (the video will not show a face)."
+        )
+    if not folder.is_dir():
+        raise ConfigError(f"weights folder {folder} does not exist")
+    return folder
+
+
+def finish_modules(modules: dict[str, Module], model: ModelConfig) -> dict[str, Module]:
+    """What every family does last: bf16 weights where bf16 computes, then the placement."""
+    from talkloop.pipeline.offload.placement import apply_placement
+
+    if model.compute_dtype == "bfloat16":
+        for module in modules.values():
+            module.cast_matmuls(torch.bfloat16)
+    apply_placement(modules, model)  # resident / offloaded / sharded, per model.placement
+    return modules
+
+
+def module_config(folder: Path, name: str) -> dict:
+    """The JSON config module ``name`` was saved with in checkpoint ``folder``."""
+    path = folder / f"{name}.json"
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint folder {folder} has no {path.name}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is not valid JSON: {err}") from None

@@ -1,0 +1,307 @@
+"""The studio family: its root config, its seven networks, how they load and the stages they run.
+
+The family contract (``talkloop/pipeline/models/registry.py``): ``load_modules``, ``phases``,
+``load_reference``, ``installed_weights`` and ``NATIVE_SIZES``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+
+from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.studio.a2v import A2VConfig, A2VDiT
+from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
+from talkloop.pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
+from talkloop.pipeline.models.studio.mouth import MouthConfig, MouthNet
+from talkloop.pipeline.models.studio.sr import SRConfig, SRDiT
+from talkloop.pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
+from talkloop.pipeline.models.studio.vae import StudioVAE, VAEConfig
+
+if TYPE_CHECKING:
+    from talkloop.pipeline.core.graph import Phase
+
+NETWORK_KEYS = ("vae", "audio_encoder", "text_encoder", "expression", "a2v", "sr", "mouth")
+
+
+class StudioConfig(BaseModel):
+    """Root config of the studio family; cross-network sizes are checked to agree."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vae: VAEConfig = Field(default_factory=VAEConfig)
+    audio: AudioEncoderConfig = Field(default_factory=AudioEncoderConfig)
+    text: TextEncoderConfig = Field(default_factory=TextEncoderConfig)
+    expression: ExpressionConfig = Field(default_factory=ExpressionConfig)
+    a2v: A2VConfig = Field(default_factory=A2VConfig)
+    sr: SRConfig = Field(default_factory=SRConfig)
+    mouth: MouthConfig = Field(default_factory=MouthConfig)
+
+    @model_validator(mode="after")
+    def _agree(self) -> StudioConfig:
+        c = self.vae.latent_channels
+        others = {n: getattr(self, n).latent_channels for n in ("a2v", "sr", "expression", "mouth")}
+        if set(others.values()) != {c}:
+            raise ValueError(
+                f"latent_channels disagree: vae={c}, "
+                + ", ".join(f"{n}={v}" for n, v in others.items())
+            )
+        for name in ("a2v", "mouth"):
+            if getattr(self, name).audio_dim != self.audio.dim:
+                raise ValueError(
+                    f"{name}.audio_dim={getattr(self, name).audio_dim} must equal "
+                    f"audio.dim={self.audio.dim}"
+                )
+        for name in ("a2v", "expression"):
+            if getattr(self, name).text_dim != self.text.dim:
+                raise ValueError(
+                    f"{name}.text_dim={getattr(self, name).text_dim} must equal "
+                    f"text.dim={self.text.dim}"
+                )
+        return self
+
+    @classmethod
+    def default(cls) -> StudioConfig:
+        """Sized for faster than real time at 256x256, 25 fps on a 2-core CPU in bf16."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> StudioConfig:
+        """Tests: every network runs in milliseconds (the text encoder is the real one)."""
+        return cls(
+            vae=VAEConfig(
+                enc_channels=16,
+                enc_latent_channels=16,
+                enc_blocks=1,
+                dec_latent_channels=16,
+                dec_channels=8,
+                dec_latent_blocks=1,
+                dec_blocks=1,
+                decode_batch=1,
+            ),
+            audio=AudioEncoderConfig(dim=16, hidden=16),
+            expression=ExpressionConfig(channels=16, blocks=1, style_dim=16),
+            a2v=A2VConfig(patch=2, dim=32, depth=2, heads=2, audio_dim=16, max_frames=32),
+            sr=SRConfig(dim=32, depth=1, heads=2),
+            mouth=MouthConfig(audio_dim=16, hidden=16, channels=8, blocks=1, style_dim=8),
+        )
+
+    @classmethod
+    def large(cls) -> StudioConfig:
+        """GPU scale, for the offload check at 1280x720 (scripts/gpu_check.py), random weights.
+
+        720 / 8 = 90 latent rows, pooled to 45 for the A2V: its patch is 5 (144 tokens a frame at
+        1280x720). About 1.5 B A2V parameters in 28 blocks (~100 MB each in bf16).
+        """
+        return cls(
+            a2v=A2VConfig(patch=5, dim=1536, depth=28, heads=12, max_frames=64),
+            sr=SRConfig(patch=2, dim=1024, depth=12, heads=8),
+        )
+
+
+def build_networks(config: StudioConfig) -> dict[str, nn.Module]:
+    """Construct all seven networks from the current ``torch.manual_seed`` state (caller seeds).
+
+    Returns:
+        ``NETWORK_KEYS`` -> module, in eval mode.
+        The text encoder holds no parameters (its ``state_dict()`` is empty).
+    """
+    nets: dict[str, nn.Module] = {
+        "vae": StudioVAE(config.vae),
+        "audio_encoder": StudioAudioEncoder(config.audio),
+        "text_encoder": StudioTextEncoder(config.text),
+        "expression": ExpressionNet(config.expression),
+        "a2v": A2VDiT(config.a2v),
+        "sr": SRDiT(config.sr),
+        "mouth": MouthNet(config.mouth),
+    }
+    for net in nets.values():
+        net.eval()
+    return nets
+
+
+# Family config field for each module name.
+STUDIO_MODULES = {
+    "vae": "vae",
+    "audio_encoder": "audio",
+    "text_encoder": "text",
+    "expression": "expression",
+    "a2v": "a2v",
+    "sr": "sr",
+    "mouth": "mouth",
+}
+
+INSTALLED_WEIGHTS = Path(__file__).parent / "weights"
+INIT_SEED = 0  # random-weight runs are reproducible: the weights never depend on the noise seed
+
+
+class OptionalModule(NamedTuple):
+    """A module a checkpoint folder may lack (trained before it existed). The folder still loads
+    and the module's untrained init is the identity."""
+
+    sizes: tuple[tuple[str, str, str], ...]  # (its key, family field, that field's key)
+    loses: str  # what a folder without it loses, for the warning
+
+
+OPTIONAL_MODULES = {
+    "expression": OptionalModule(
+        (("latent_channels", "vae", "latent_channels"),), "prompts will not change the face"
+    ),
+    "mouth": OptionalModule(
+        (("latent_channels", "vae", "latent_channels"), ("audio_dim", "audio", "dim")),
+        "no explicit mouth path",
+    ),
+}
+log = logging.getLogger("talkloop.models")
+
+
+def installed_weights() -> Path | None:
+    """The folder of trained studio weights shipped with the package, if any."""
+    return INSTALLED_WEIGHTS if (INSTALLED_WEIGHTS / "a2v.safetensors").is_file() else None
+
+
+def load_modules(config: TalkloopConfig) -> dict[str, Module]:
+    """Build the family's modules; load trained weights unless ``model.untrained`` is set."""
+    from talkloop.pipeline.models.registry import finish_modules, weights_folder
+
+    m = config.model
+    folder = weights_folder(m, "studio", installed_weights(), INSTALLED_WEIGHTS / "a2v.safetensors")
+    family = _family_from_folder(folder) if folder else getattr(StudioConfig, m.preset)()
+    with torch.random.fork_rng():
+        torch.manual_seed(INIT_SEED)
+        nets = build_networks(family)
+    # Conv-heavy decoder: channels_last is ~2x faster on CPU (oneDNN); inputs are converted inside.
+    nets["vae"] = nets["vae"].to(memory_format=torch.channels_last)
+    modules: dict[str, Module] = {}
+    for name, field in STUDIO_MODULES.items():
+        module = Module(name, getattr(family, field), nets[name])
+        if folder is not None and name in OPTIONAL_MODULES and not _has_module(folder, name):
+            log.warning(
+                "%s has no %s weights (trained before that module existed): it stays the "
+                "identity, so %s",
+                folder,
+                name,
+                OPTIONAL_MODULES[name].loses,
+            )
+        elif folder is not None and module.state_dict():
+            module.load(folder)
+        modules[name] = module
+    finish_modules(modules, m)
+    from talkloop.pipeline.models.studio.backend import use_backend
+
+    use_backend(nets, config)
+    return modules
+
+
+def _has_module(folder: Path, name: str) -> bool:
+    """Whether ``folder`` holds any file of module ``name`` (a partial pair still fails to load)."""
+    return (folder / f"{name}.json").is_file() or (folder / f"{name}.safetensors").is_file()
+
+
+def _family_from_folder(folder: Path):
+    """The family config a checkpoint folder was saved with (one JSON per module)."""
+    from pydantic import ValidationError
+
+    from talkloop.pipeline.core.errors import CheckpointError
+    from talkloop.pipeline.models.registry import module_config
+
+    parts = {}
+    for name, field in STUDIO_MODULES.items():
+        if name in OPTIONAL_MODULES and not _has_module(folder, name):
+            # Untrained (see OPTIONAL_MODULES), sized to the folder's other networks.
+            parts[field] = {
+                key: parts[src][src_key]
+                for key, src, src_key in OPTIONAL_MODULES[name].sizes
+                if src_key in parts.get(src, {})
+            }
+            continue
+        parts[field] = module_config(folder, name)
+    try:
+        return StudioConfig.model_validate(parts)
+    except ValidationError as err:
+        raise CheckpointError(f"{folder}: invalid model config: {err}") from None
+
+
+DEFAULT_REFERENCE = Path(__file__).parent / "default_reference.png"
+# The default avatar is studio character 21 (`talkloop studio character --seed 21`).
+DEFAULT_REFERENCE_SEED = 21
+
+
+# Live calls (`talkloop serve`) trade throughput for latency: short N chunks (a chunk's audio must
+# be heard before it is generated, and the playout delay is two chunks plus the look-ahead plus
+# 40 ms, see agent.session.default_playout_s). `talkloop bench --live`, 30 s calls with the
+# trained model at 2 steps on the 2-core CPU, back to back: 6-frame chunks at 500 ms:
+# glass-to-glass p50 565 / p95 606 ms, 8% late frames (in-server rtf 0.83); 5-frame chunks at
+# 480 ms: p50 543 / p95 572 ms, 9% late (rtf 0.92). 4-frame chunks (400 ms) reach p95 ~520 ms but
+# their in-server rtf (0.85-1.15 as this VM's speed drifts) leaves 5-40% of frames late.
+# No I chunks live: at 5-frame chunks an I chunk redoes 2 frames of every 5 in one Euler step,
+# and that made both lip sync and seams worse, not better (`talkloop eval` scoring on 4 held-out
+# clips with this schedule, openvino: lipsync_corr 0.537 and seam_ratio 1.128 with I chunks of
+# i_len 2 at 1 step; 0.720 and 1.007 without), while costing about a tenth of the generation.
+LIVE_SCHEDULE = {"first_len": 2, "n_len": 5, "i_len": 0, "ctx_len": 2}
+# Fewer Euler steps live: with short chunks the per-call cost dominates, and 4 steps do not keep
+# up with real time on a 2-core CPU next to the WebRTC encoder (measured with `talkloop bench
+# --live`: rtf 1.06 at 4/2 steps, generation alone 0.74; at 2/1 steps 0.53). A third step adds
+# nothing measurable here (lipsync_corr 0.721 at 3 steps, 0.720 at 2, seam_ratio 1.012 / 1.007).
+LIVE_SAMPLER = {"steps": 2}
+
+# The size the shipped weights were trained at; others run, with softer or distorted faces.
+NATIVE_SIZES = ((256, 256),)
+
+
+def default_reference() -> Path:
+    """The path of the bundled default avatar image."""
+    from talkloop.pipeline.core.errors import InputError
+
+    if not DEFAULT_REFERENCE.is_file():
+        raise InputError(
+            "no --reference image given and no default avatar is installed (it ships with the "
+            "trained weights); pass --reference IMG"
+        )
+    return DEFAULT_REFERENCE
+
+
+def load_reference(
+    source: str | os.PathLike[str] | np.ndarray | None, width: int, height: int
+) -> np.ndarray:
+    """The reference as a session takes it: ``(height, width, 3)`` uint8, centre-cropped and
+    resized (an array of exactly that shape is taken as it is). None: the default avatar."""
+    from talkloop.pipeline.reference import fit_array
+    from talkloop.pipeline.reference import load_reference as load_fitted
+
+    if isinstance(source, np.ndarray):
+        return fit_array(source, width, height)
+    return load_fitted(default_reference() if source is None else source, width, height)
+
+
+def phases(config: TalkloopConfig) -> dict[str, Phase]:
+    """The studio pipeline: VAE latents through A2V, SR and the mouth net to the decoder."""
+    from talkloop.pipeline.core.graph import Phase
+    from talkloop.pipeline.stages.a2v import chunk_phases
+    from talkloop.pipeline.stages.decode import DecodeStage
+    from talkloop.pipeline.stages.init import ExpressionStage, PromptStage, ReferenceStage
+    from talkloop.pipeline.stages.mouth import MouthStage
+    from talkloop.pipeline.stages.sr import SRStage
+
+    return {
+        "init": Phase(
+            "init",
+            frozenset({"reference_image", "prompt"}),
+            [ReferenceStage(), PromptStage(), ExpressionStage()],
+        ),
+        "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage(), ExpressionStage()]),
+        **chunk_phases(config.sampler),
+        "publish": Phase(
+            "publish",
+            frozenset({"segment_latents", "segment_audio", "segment_start", "seed"}),
+            [SRStage(), MouthStage(), DecodeStage(config.schedule.n_len)],
+        ),
+    }

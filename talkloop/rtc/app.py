@@ -1,0 +1,144 @@
+"""Entry point of `talkloop serve`: load the model once, then serve calls until Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+from pathlib import Path
+
+import numpy as np
+
+from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import installed_weights, load_reference
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.ice import IceConfig
+from talkloop.rtc.security import AccessPolicy
+from talkloop.rtc.server import OFFER_TIMEOUT_S, AvatarServer, check_sessions
+
+NO_WEIGHTS_NOTICE = (
+    "No trained weights are installed: the avatar runs on random weights, so the video shows "
+    "noise-like texture instead of a face. Lip sync, pacing and the call itself are real."
+)
+
+
+def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
+    """Apply the family's live schedule (unless the caller set one) and, unless
+    ``sampler_given``, its live sampler steps (``LIVE_SCHEDULE``/``LIVE_SAMPLER`` of the family,
+    ``talkloop/pipeline/models/registry.py``)."""
+    from talkloop.pipeline.models.registry import family
+
+    fam = family(base.get("model", {}).get("family", "studio"))
+    out = {**base, "schedule": {**fam.LIVE_SCHEDULE, **base.get("schedule", {})}}
+    if not sampler_given:
+        out["sampler"] = {**base.get("sampler", {}), **fam.LIVE_SAMPLER}
+    return out
+
+
+def load_avatar(path: str | Path | None, config: TalkloopConfig) -> np.ndarray:
+    """The avatar image of every call: ``path``, or the family's default avatar."""
+    return load_reference(config, path)
+
+
+async def serve_forever(
+    config: TalkloopConfig,
+    reference: np.ndarray,
+    prompt: str,
+    host: str,
+    port: int,
+    max_sessions: int,
+    call_config: CallConfig,
+    notice: str,
+    mirror_factory=None,
+    access: AccessPolicy | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    offer_timeout_s: float = OFFER_TIMEOUT_S,
+    notes: list[str] | None = None,
+    ice: IceConfig | None = None,
+    cluster: str | None = None,
+) -> None:
+    if cluster is not None:  # calls run on Ray actors across the cluster (talkloop/rtc/cluster.py)
+        from talkloop.rtc.cluster import cluster_server
+
+        server, where = await asyncio.to_thread(
+            cluster_server,
+            cluster,
+            config,
+            reference,
+            prompt,
+            max_sessions,
+            call_config,
+            notice,
+            mirror_factory,
+            access,
+            offer_timeout_s,
+            ice,
+        )
+        notes = [*(notes or []), where]
+    else:
+        pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+        # Load the text encoder now (seconds), not when the first prompt arrives mid-call.
+        text = pipeline.modules.get("text_encoder")
+        if text is not None and hasattr(text.net, "load"):
+            await asyncio.to_thread(text.net.load)
+        server = AvatarServer(
+            pipeline,
+            reference,
+            prompt,
+            call_config,
+            max_sessions,
+            notice,
+            mirror_factory=mirror_factory,
+            access=access,
+            offer_timeout_s=offer_timeout_s,
+            ice=ice,
+        )
+    try:
+        bound = await server.start(host, port, ssl_context=ssl_context)
+    except OSError as err:  # port in use, address not on this machine, no permission
+        raise ConfigError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    shown = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    scheme = "https" if ssl_context is not None else "http"
+    print(
+        f"talkloop: serving on {scheme}://{shown}:{bound}/  (open it in a browser; Ctrl-C stops)",
+        flush=True,
+    )
+    for line in notes or []:
+        print(f"talkloop: {line}", flush=True)
+    if notice:
+        print(f"talkloop: note: {notice}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+        if cluster is not None:  # leave Ray now, not in its exit hook (which sets status 1)
+            from talkloop.pipeline.cluster.connect import disconnect
+
+            await asyncio.to_thread(disconnect)
+        print("talkloop: stopped", flush=True)
+
+
+def resolve_weights(
+    untrained: bool, weights: Path | None, family: str = "studio"
+) -> tuple[bool, str]:
+    """The server always starts: without trained weights it runs untrained and says so."""
+    if untrained or weights is not None or installed_weights(family) is not None:
+        return untrained, NO_WEIGHTS_NOTICE if untrained else ""
+    logging.getLogger("talkloop").warning("no trained weights installed: running untrained")
+    return True, NO_WEIGHTS_NOTICE
+
+
+__all__ = [
+    "check_sessions",
+    "live_config_dict",
+    "load_avatar",
+    "resolve_weights",
+    "serve_forever",
+]
