@@ -467,7 +467,7 @@ class AvatarSession:
             # where the generation time goes: seconds per second of video, per "phase/stage"
             "stage_rtf": {k: round(v, 3) for k, v in s.stage_rtf(self.info.fps).items()},
             # what computes the frames: {"backend", "dtype", "int8"} (talkloop/pipeline/backends/report.py)
-            "runtime": describe(self.pipeline.modules, self.pipeline.config.model.compute_dtype),
+            "runtime": describe(self.pipeline.modules, self.pipeline.compute_dtype),
             "playout_delay_ms": round(self.playout_s * 1000),
             "av_offset_ms": av_offset_ms(self.video_lateness, self.audio_lateness),
             "queue_depth": self.frames.depth,

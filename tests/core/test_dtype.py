@@ -1,16 +1,24 @@
-"""The compute dtype: ``auto`` picks bf16 only where the hardware computes it natively."""
+"""The compute dtype: ``auto`` is measured per family (cached), explicit choices are kept, and
+built in code a pipeline computes in float32 whatever the CPU has."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from talkloop.pipeline.backends import select
 from talkloop.pipeline.core import config as config_mod
 from talkloop.pipeline.core.config import ModelConfig
+from talkloop.pipeline.core.errors import PipelineError
+from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import load_modules
 from talkloop.pipeline.train.config import TrainConfig
 from talkloop.pipeline.train.trainer import Trainer
+
+from support import tiny_config
 
 pytestmark = pytest.mark.unit
 
@@ -23,26 +31,135 @@ def cpu_flags(monkeypatch: pytest.MonkeyPatch):
     return set_flags
 
 
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path))
+    return tmp_path / "backends"
+
+
+@pytest.fixture
+def probe_seconds(monkeypatch: pytest.MonkeyPatch):
+    """Probes are timed by what they return, not by a clock: ``time_probe`` reads the value."""
+    calls: list[str] = []
+
+    def fake_time_probe(probe, runs: int = 5) -> float:
+        name, seconds = probe()
+        calls.append(name)
+        return seconds
+
+    monkeypatch.setattr(select, "time_probe", fake_time_probe)
+    return calls
+
+
+def test_code_default_is_float32_on_every_cpu(cpu_flags) -> None:
+    cpu_flags("avx512f", "avx512_bf16")
+    assert ModelConfig().dtype == "float32"
+    cpu_flags("avx2")
+    assert ModelConfig().dtype == "float32"
+
+
 @pytest.mark.parametrize(
-    ("flags", "expected"),
-    [
-        (("avx2", "avx512f"), "float32"),  # AVX-512 without its bf16 extension: emulated
-        (("avx512f", "avx512_bf16"), "bfloat16"),
-        (("amx_tile", "amx_bf16"), "bfloat16"),
-        ((), "float32"),  # no /proc/cpuinfo (macOS) or no flags line
-    ],
+    "flags",
+    [("avx2", "avx512f"), (), ("fma",)],  # AVX-512 without its bf16 extension: emulated
+    ids=["avx512-no-bf16", "no-flags", "avx2-only"],
 )
-def test_auto_dtype_follows_the_cpu(cpu_flags, flags, expected) -> None:
+def test_auto_without_native_bf16_is_float32_without_timing(cpu_flags, cache, flags) -> None:
     cpu_flags(*flags)
-    assert ModelConfig(family="studio").compute_dtype == expected
+
+    def make_probes(candidates):
+        raise AssertionError(f"timed {candidates} where bf16 is emulated")
+
+    assert select.resolve_dtype("auto", "cpu", "fam:w", make_probes) == "float32"
 
 
-def test_auto_dtype_on_cuda_and_explicit_choices_are_kept(cpu_flags) -> None:
-    cpu_flags()
-    assert config_mod.native_bf16("cuda")  # (a cuda ModelConfig needs a GPU to validate)
-    assert ModelConfig(dtype="bfloat16").compute_dtype == "bfloat16"
+@pytest.mark.parametrize("winner", ["float32", "bfloat16"])
+def test_auto_with_native_bf16_takes_the_faster_probe_and_caches_it(
+    cpu_flags, cache, probe_seconds, winner
+) -> None:
+    cpu_flags("avx512f", "avx512_bf16")
+    seconds = {"float32": 2.0, "bfloat16": 3.0} if winner == "float32" else {"float32": 3.0}
+    seconds.setdefault("bfloat16", 1.0)
+    made: list[tuple[str, ...]] = []
+
+    def make_probes(candidates):
+        made.append(candidates)
+        return {c: (lambda c=c: (c, seconds[c])) for c in candidates}
+
+    assert select.resolve_dtype("auto", "cpu", "fam:w", make_probes) == winner
+    assert select.resolve_dtype("auto", "cpu", "fam:w", make_probes) == winner
+    assert made == [("float32", "bfloat16")]  # the second call read the cache
+    (saved,) = cache.glob("dtype-*.json")
+    assert json.loads(saved.read_text()) == {"dtype": winner, "probe_s": seconds}
+    select.resolve_dtype("auto", "cpu", "fam:other-weights", make_probes)
+    assert len(made) == 2  # another identity is timed again
+
+
+def test_explicit_dtypes_are_kept_and_cuda_auto_is_bf16(cpu_flags, cache) -> None:
+    def make_probes(candidates):
+        raise AssertionError("an explicit dtype is never timed")
+
     cpu_flags("avx512_bf16")
-    assert ModelConfig(dtype="float32").compute_dtype == "float32"
+    assert select.resolve_dtype("float32", "cpu", "x", make_probes) == "float32"
+    cpu_flags()
+    assert select.resolve_dtype("bfloat16", "cpu", "x", make_probes) == "bfloat16"
+    assert select.resolve_dtype("auto", "cuda", "x", make_probes) == "bfloat16"
+
+
+@pytest.mark.parametrize("family", ["studio", "portrait"])
+def test_auto_probes_the_family_session_in_both_dtypes(
+    cpu_flags, cache, monkeypatch, family
+) -> None:
+    """The probe renders a real session of the family in float32 and on a bf16 copy; the
+    modules then load in the winner and the pipeline computes in it."""
+    cpu_flags("avx512_bf16")
+    rendered: list[str] = []
+
+    def timed(probe, runs: int = 5) -> float:
+        probe()  # a real session: it must run in the candidate's dtype
+        dtype = probe.pipeline.compute_dtype
+        rendered.append(dtype)
+        return {"float32": 2.0, "bfloat16": 1.0}[dtype]
+
+    monkeypatch.setattr(select, "time_probe", timed)
+    size = 64 if family == "studio" else 128  # the portrait family's smallest frame
+    config = tiny_config(
+        video={"width": size, "height": size}, model={"family": family, "dtype": "auto"}
+    )
+    modules = load_modules(config)
+    assert sorted(rendered) == ["bfloat16", "float32"]
+    assert {m.compute_dtype for m in modules.values()} == {"bfloat16"}
+    a2v_weight = next(p for p in modules["a2v"].net.parameters() if p.dim() == 2)
+    assert a2v_weight.dtype == torch.bfloat16
+    pipeline = Pipeline(config, modules)
+    assert pipeline.compute_dtype == "bfloat16"
+    with pipeline.autocast():
+        assert torch.is_autocast_enabled("cpu")
+    (saved,) = cache.glob("dtype-*.json")
+    assert json.loads(saved.read_text())["dtype"] == "bfloat16"
+    rendered.clear()
+    load_modules(config)  # a second load reads the cached choice
+    assert rendered == []
+
+
+def test_exported_backend_auto_is_float32_without_timing(cpu_flags, cache) -> None:
+    from talkloop.pipeline.models.registry import choose_dtype
+
+    cpu_flags("avx512_bf16")
+    config = tiny_config(model={"dtype": "auto", "backend": "onnxruntime"})
+    assert choose_dtype({}, config) == "float32"
+
+
+def test_pipeline_with_auto_needs_modules_that_resolved_it(tiny_modules) -> None:
+    fresh = {n: m for n, m in tiny_modules.items()}
+    saved = {n: m.compute_dtype for n, m in fresh.items()}
+    try:
+        for m in fresh.values():
+            m.compute_dtype = None
+        with pytest.raises(PipelineError, match="dtype is auto"):
+            Pipeline(tiny_config(model={"dtype": "auto"}), fresh)
+    finally:
+        for n, m in fresh.items():
+            m.compute_dtype = saved[n]
 
 
 def test_cpu_flags_are_read_from_proc_cpuinfo() -> None:
@@ -60,7 +177,7 @@ def test_cpu_flags_are_read_from_proc_cpuinfo() -> None:
         assert config_mod.cpu_info()["model name"] == model.partition(":")[2].strip()
 
 
-def test_training_autocast_follows_the_same_rule(cpu_flags, tmp_path) -> None:
+def test_training_autocast_follows_the_hardware(cpu_flags, tmp_path) -> None:
     cpu_flags()
     trainer = Trainer(TrainConfig.recipe("tiny"), tmp_path / "a", progress=False)
     with trainer._autocast():

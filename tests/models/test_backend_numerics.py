@@ -81,9 +81,12 @@ def test_backend_frames_match_float32_torch(backend, clip, torch_frames) -> None
     assert not np.array_equal(frames, torch_frames)  # the backend really computed them
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("backend", EXPORTED)
-def test_int8_decoder_matches_float32_on_studio_latents(backend) -> None:
-    """The decoder alone: int8 graph vs torch float32 on the calibration clips' own inputs."""
+def test_int8_decoder_matches_float32_on_studio_latents(backend, dtype) -> None:
+    """The decoder alone: int8 graph vs torch float32 on the calibration clips' own inputs, with
+    the torch side (the encoder that makes the calibration latents) in either dtype: in bf16 it
+    computes under autocast (calibration fed it float32 images into bf16 weights before)."""
     import torch
 
     from talkloop.pipeline.core.config import build_config
@@ -91,8 +94,10 @@ def test_int8_decoder_matches_float32_on_studio_latents(backend) -> None:
     from talkloop.pipeline.models.studio.backend import calibration_inputs
     from talkloop.pipeline.models.studio.vae import Decoder
 
-    modules = load_modules(build_config(model={"family": "studio", "backend": backend}))
+    config = build_config(model={"family": "studio", "backend": backend, "dtype": dtype})
+    modules = load_modules(config)
     vae = modules["vae"].net
+    assert modules["vae"].compute_dtype == dtype
     batches = calibration_inputs(vae, (3, 24, 32, 32))
     worst = np.inf
     with torch.inference_mode():

@@ -65,28 +65,40 @@ def test_unavailable_backend_is_a_clear_error(monkeypatch) -> None:
 
 
 def test_auto_times_the_candidates_once_and_caches_the_fastest(cache, monkeypatch) -> None:
-    import time
+    from talkloop.pipeline.backends import select
 
     monkeypatch.setattr(
         "talkloop.pipeline.backends.select.available_backends",
         lambda: ("torch", "onnxruntime", "openvino"),
     )
+    # Probes are timed by what they return, not by a clock.
+    monkeypatch.setattr(select, "time_probe", lambda probe, runs=5: probe())
     calls: list[tuple[str, ...]] = []
-    delay = {"torch": 0.004, "onnxruntime": 0.001, "openvino": 0.008}
+    seconds = {"torch": 0.004, "onnxruntime": 0.001, "openvino": 0.008}
 
     def make_probes(candidates):
         calls.append(candidates)
-        return {name: (lambda d=delay[name]: time.sleep(d)) for name in candidates}
+        return {name: (lambda s=seconds[name]: s) for name in candidates}
 
     assert resolve_backend("auto", "cpu", "weights-a", make_probes) == "onnxruntime"
     assert resolve_backend("auto", "cpu", "weights-a", make_probes) == "onnxruntime"
     assert len(calls) == 1  # the second process-level call read the cache
     (saved,) = cache.glob("auto-*.json")
-    assert json.loads(saved.read_text())["backend"] == "onnxruntime"
+    assert json.loads(saved.read_text()) == {"backend": "onnxruntime", "probe_s": seconds}
     resolve_backend("auto", "cpu", "weights-b", make_probes)  # other weights: timed again
     assert len(calls) == 2
     assert resolve_backend("auto", "cuda", "weights-a", make_probes) == "torch"
     assert resolve_backend("torch", "cpu", "weights-a", make_probes) == "torch"
+
+
+def test_time_probe_is_the_fastest_of_its_runs_after_a_warm_up(monkeypatch) -> None:
+    from talkloop.pipeline.backends import select
+
+    ticks = iter([0.0, 5.0, 10.0, 12.0, 20.0, 23.0])  # runs of 5, 2 and 3 "seconds"
+    monkeypatch.setattr(select.time, "perf_counter", lambda: next(ticks))
+    ran: list[int] = []
+    assert select.time_probe(lambda: ran.append(1), runs=3) == 2.0
+    assert len(ran) == 4  # one warm-up call, then the three timed ones
 
 
 def test_cache_writes_are_all_or_nothing(cache) -> None:
@@ -208,14 +220,14 @@ def test_decoder_graph_computes_the_decoder(preset, cache, randomise) -> None:
 def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
     """A live server (short chunks) and an offline render of the same weights each rank the
     backends on their own chunk's work, once: the ranking differs between the two."""
+    from talkloop.pipeline.backends.select import schedule_key
     from talkloop.pipeline.models.registry import load_modules
-    from talkloop.pipeline.models.studio.backend import probe_shapes
 
     from support import tiny_config
 
     offline = tiny_config(model={"backend": "auto"})
     live = tiny_config(model={"backend": "auto"}, schedule={"n_len": 4}, sampler={"steps": 1})
-    assert probe_shapes(offline) != probe_shapes(live)
+    assert schedule_key(offline) != schedule_key(live)
     load_modules(offline)
     assert len(list(cache.glob("auto-*.json"))) == 1
     load_modules(live)

@@ -1,10 +1,10 @@
-"""``--backend auto``: time the available backends on this machine once, cache the winner.
+"""``--backend auto`` and ``--dtype auto``: time the candidates on this machine once, cache the winner.
 
 The timed work is a family's own probe (for studio: the networks' work for one N chunk of the
 config's schedule), min of several runs, so a busy neighbour on a shared machine costs a slower
-pick at worst, never a wrong result. The choice is cached in ``<cache>/auto-<key>.json``, keyed by
-the CPU model and flags, the library versions and the family's ``identity`` (for studio: its
-weights and the probe's shapes), and reused by every later process.
+pick at worst, never a wrong result. The choice is cached in ``<cache>/auto-<key>.json`` (backend)
+or ``<cache>/dtype-<key>.json``, keyed by the CPU model and flags, the library versions and the
+family's ``identity`` (its weights and the probe's shapes), and reused by every later process.
 """
 
 from __future__ import annotations
@@ -13,14 +13,20 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal
 
 from talkloop.pipeline.backends.cache import cache_dir, cached_file, key
 from talkloop.pipeline.backends.runtime import available_backends, check_available
+
+if TYPE_CHECKING:
+    from talkloop.pipeline.core.config import TalkloopConfig
 
 log = logging.getLogger("talkloop.backends")
 
 # backend -> a callable that runs the family's probe once on that backend
 Probes = dict[str, Callable[[], object]]
+# the candidates to time -> their probes
+ProbeFactory = Callable[[tuple[str, ...]], Probes]
 
 
 def _versions() -> dict[str, str]:
@@ -35,6 +41,16 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def schedule_key(config: TalkloopConfig) -> str:
+    """The shapes a family's probe runs (frame size, chunk schedule, sampler steps): part of a
+    cached choice's key, since the best candidate differs between live and offline chunks."""
+    s = config.schedule
+    return (
+        f"{config.video.width}x{config.video.height}:n{s.n_len}:c{s.ctx_len}"
+        f":s{config.sampler.steps}"
+    )
+
+
 def time_probe(probe: Callable[[], object], runs: int = 5) -> float:
     """Min seconds of ``runs`` calls of ``probe`` after one warm-up call."""
     probe()
@@ -46,9 +62,45 @@ def time_probe(probe: Callable[[], object], runs: int = 5) -> float:
     return best
 
 
-def resolve_backend(
-    requested: str, device: str, identity: str, make_probes: Callable[[tuple[str, ...]], Probes]
+def fastest(
+    what: str,
+    identity: str,
+    candidates: tuple[str, ...],
+    make_probes: ProbeFactory,
+    runs: int = 5,
 ) -> str:
+    """The candidate whose probe ran fastest here, measured once and cached.
+
+    Args:
+        what: what is chosen, ``backend`` or ``dtype``: the cache file's prefix and the name of
+            the choice inside it.
+        identity: what else the choice depends on (the family, its weights' hash, the probe's
+            shapes).
+        candidates: the options to time.
+        make_probes: builds the probe of each of the given candidates.
+        runs: timed runs of each probe (the fastest counts).
+    Returns:
+        One of ``candidates``.
+    """
+    from talkloop.pipeline.core.config import cpu_info
+
+    cpu = cpu_info()
+    k = key(cpu.get("model name", ""), cpu.get("flags", ""), _versions(), identity, candidates)
+    prefix = "auto" if what == "backend" else what  # backend choices kept their old file names
+    path = cache_dir() / f"{prefix}-{k}.json"
+
+    def measure(tmp) -> None:  # noqa: ANN001
+        probes = make_probes(candidates)
+        seconds = {name: time_probe(probe, runs) for name, probe in probes.items()}
+        choice = min(seconds, key=seconds.__getitem__)
+        log.info("%s auto: %s (probe seconds %s)", what, choice, seconds)
+        tmp.write_text(json.dumps({what: choice, "probe_s": seconds}, indent=2) + "\n")
+
+    choice = json.loads(cached_file(path, measure).read_text()).get(what)
+    return choice if choice in candidates else candidates[0]
+
+
+def resolve_backend(requested: str, device: str, identity: str, make_probes: ProbeFactory) -> str:
     """The backend to run: ``requested``, or for ``auto`` the fastest here (cached).
 
     Args:
@@ -63,18 +115,27 @@ def resolve_backend(
     candidates = available_backends()
     if device != "cpu" or len(candidates) == 1:
         return "torch"
-    from talkloop.pipeline.core.config import cpu_info
+    return fastest("backend", identity, candidates, make_probes)
 
-    cpu = cpu_info()
-    k = key(cpu.get("model name", ""), cpu.get("flags", ""), _versions(), identity, candidates)
-    path = cache_dir() / f"auto-{k}.json"
 
-    def measure(tmp) -> None:  # noqa: ANN001
-        probes = make_probes(candidates)
-        seconds = {name: time_probe(probe) for name, probe in probes.items()}
-        choice = min(seconds, key=seconds.__getitem__)
-        log.info("backend auto: %s (probe seconds %s)", choice, seconds)
-        tmp.write_text(json.dumps({"backend": choice, "probe_s": seconds}, indent=2) + "\n")
+def resolve_dtype(
+    requested: str, device: str, identity: str, make_probes: ProbeFactory
+) -> Literal["bfloat16", "float32"]:
+    """The compute dtype to run: ``requested``, or for ``auto`` the faster here (cached).
 
-    choice = json.loads(cached_file(path, measure).read_text())["backend"]
-    return choice if choice in candidates else "torch"
+    On CUDA ``auto`` is bfloat16. On a CPU both are timed on the family's own probe where the
+    CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere PyTorch emulates bf16, several
+    times slower than float32 (a studio decode and training step about 10x on a Zen 3 EPYC),
+    and float32 is taken without timing an emulation.
+    """
+    from talkloop.pipeline.core.config import native_bf16
+
+    if requested != "auto":
+        return requested  # type: ignore[return-value]
+    if device != "cpu":
+        return "bfloat16"
+    if not native_bf16("cpu"):
+        return "float32"
+    # A probe is a whole session (init + two chunks): three runs of each are enough to rank.
+    chosen = fastest("dtype", identity, ("float32", "bfloat16"), make_probes, runs=3)
+    return chosen  # type: ignore[return-value]

@@ -81,7 +81,7 @@ def machine_info(compute_dtype: str) -> dict:
         "cpu_model": cpu_info().get("model name") or platform.processor() or "unknown",
         "cpu_native_bf16": native_bf16("cpu"),
         "platform": platform.platform(),
-        "compute_dtype": compute_dtype,  # what --dtype auto chose here
+        "compute_dtype": compute_dtype,  # as asked; cmd_bench puts what auto chose here
     }
 
 
@@ -124,16 +124,17 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     cfg = config.model_dump(mode="json")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    machine = machine_info(config.model.compute_dtype)
+    machine = machine_info(config.model.dtype)
     print(
         f"talkloop bench: family={config.model.family} preset={config.model.preset} "
         f"{config.video.width}x{config.video.height} "
-        f"@{config.video.fps} fps, steps={config.sampler.steps}, dtype={config.model.compute_dtype}, "
+        f"@{config.video.fps} fps, steps={config.sampler.steps}, dtype={config.model.dtype}, "
         f"cpus={machine['cpus']} ({machine['cpu_model']})",
         flush=True,
     )
     ttff_run = run_worker({"config": cfg, "mode": "ttff", "seconds": 0, "repeats": args.ttff_runs})
     ttff, runtime = ttff_run["ttff_ms"], ttff_run["runtime"]
+    machine["compute_dtype"] = runtime["dtype"]  # what --dtype auto chose in the worker
     print(
         f"  runtime: backend={runtime['backend']} dtype={runtime['dtype']} "
         f"int8={','.join(runtime['int8']) or 'none'}",

@@ -152,7 +152,7 @@ def run(spec: dict) -> dict:
 
     pipeline = Pipeline(config, load_modules(config), phases)
     # What --backend auto and --dtype auto chose here: {"backend", "dtype", "int8"}.
-    runtime = describe(pipeline.modules, config.model.compute_dtype)
+    runtime = describe(pipeline.modules, pipeline.compute_dtype)
     reference = bench_reference(config)
     rate = config.audio.sample_rate
     if mode == "ttff":

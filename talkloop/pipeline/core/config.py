@@ -60,15 +60,6 @@ def native_bf16(device: str) -> bool:
     return device == "cuda" or bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
 
 
-def resolve_dtype(
-    dtype: Literal["auto", "bfloat16", "float32"], device: str
-) -> Literal["bfloat16", "float32"]:
-    """``dtype`` with ``auto`` resolved: bfloat16 where ``device`` has it natively, else float32."""
-    if dtype == "auto":
-        return "bfloat16" if native_bf16(device) else "float32"
-    return dtype
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -167,19 +158,21 @@ class ModelConfig(_Strict):
         None, description="checkpoint folder; None = the weights installed with the package"
     )
     untrained: bool = Field(False, description="use random weights (tests, benchmarks)")
+    # The CLI's default for both is auto. Built in code, a pipeline computes in float32 on torch
+    # unless asked: auto times candidates on this machine (cached), and a test's result must not
+    # depend on which CPU it runs on.
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
-        "auto",
-        description="compute dtype; auto: bfloat16 where the device computes it natively "
-        "(CUDA, a CPU with AVX512-BF16 or AMX), float32 elsewhere",
+        "float32",
+        description="compute dtype of the torch networks; auto: bfloat16 or float32, whichever "
+        "runs the family's chunk faster here (timed once per machine and cached; float32 "
+        "without timing where bf16 is emulated, bfloat16 on CUDA)",
     )
-    # The CLI's default is auto; built in code, a pipeline runs torch unless asked (exporting
-    # and compiling graphs costs seconds per load, too much for a test's tiny pipelines).
     backend: Literal["auto", "torch", "onnxruntime", "openvino"] = Field(
         "torch",
         description="what runs the studio family's hot networks: torch, or graphs exported from "
-        "the same weights run by ONNX Runtime or OpenVINO (decoder in int8); auto: the fastest "
-        "on this machine, timed once and cached (docs/architecture.md, inference backends). "
-        "The portrait family always runs torch",
+        "the same weights run by ONNX Runtime or OpenVINO (float32, decoder in int8); auto: the "
+        "fastest on this machine, timed once and cached (docs/architecture.md, inference "
+        "backends). The portrait family always runs torch",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the networks compute")
     placement: PlacementConfig = PlacementConfig()
@@ -192,11 +185,6 @@ class ModelConfig(_Strict):
     pin_memory: bool | None = Field(
         None, description="page-locked host masters; None = wherever a CUDA driver exists"
     )
-
-    @property
-    def compute_dtype(self) -> Literal["bfloat16", "float32"]:
-        """``dtype`` with ``auto`` resolved for ``device`` (``resolve_dtype``)."""
-        return resolve_dtype(self.dtype, self.device)
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

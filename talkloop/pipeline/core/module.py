@@ -38,6 +38,9 @@ class Module(Generic[C]):
         # offloaded module's BlockOffloader (hooks on the net do the work; nothing here changes).
         self.placement = "resident"
         self.runtime: Any = None
+        # The dtype its matmuls compute in, set when the family's modules are loaded
+        # (models.registry.finish_modules: the resolved ``model.dtype``, ``auto`` measured).
+        self.compute_dtype: str | None = None
 
     def __repr__(self) -> str:
         return f"Module({self.name!r}, {self.num_parameters() / 1e6:.2f}M params)"
@@ -51,6 +54,7 @@ class Module(Generic[C]):
         for layer in self.net.modules():
             if isinstance(layer, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):
                 layer.to(dtype)
+        self.compute_dtype = "bfloat16" if dtype == torch.bfloat16 else "float32"
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.net.state_dict().items() if isinstance(v, torch.Tensor)}

@@ -56,6 +56,7 @@ class Pipeline:
         self.phases = dict(phases or default_phases(config))
         check_graph(self.phases, self.modules)
         self.timeline = Timeline(config.schedule)
+        self.compute_dtype = _compute_dtype(config, self.modules)
         enc = self.modules["audio_encoder"].config if "audio_encoder" in self.modules else None
         if (
             enc is not None
@@ -98,7 +99,7 @@ class Pipeline:
     # -- running phases ---------------------------------------------------------------------------
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.config.model.compute_dtype == "bfloat16":
+        if self.compute_dtype == "bfloat16":
             if self.config.model.device == "cuda":  # host-side ops stay under CPU autocast
                 stack = contextlib.ExitStack()
                 stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
@@ -128,3 +129,17 @@ class Pipeline:
                     key = f"{name}/{stage.name}"
                     timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
         return work
+
+
+def _compute_dtype(config: TalkloopConfig, modules: Mapping[str, Module]) -> str:
+    """``model.dtype``; for ``auto``, what it resolved to when the modules loaded."""
+    if config.model.dtype != "auto":
+        return config.model.dtype
+    chosen = {m.compute_dtype for m in modules.values() if m.compute_dtype is not None}
+    if len(chosen) != 1:
+        raise PipelineError(
+            "model.dtype is auto but the modules were not loaded by the family's load_modules, "
+            "which resolves it (or they disagree: "
+            f"{sorted(chosen)}); pass dtype='float32' or 'bfloat16'"
+        )
+    return chosen.pop()

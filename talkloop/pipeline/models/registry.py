@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ from talkloop.pipeline.models.sizes import warn_unless_native_size
 
 if TYPE_CHECKING:
     from talkloop.pipeline.core.graph import Phase
+    from talkloop.pipeline.core.pipeline import Pipeline
 
 
 def family(name: str) -> ModuleType:
@@ -88,15 +90,76 @@ def weights_folder(model: ModelConfig, name: str, installed: Path | None, expect
     return folder
 
 
-def finish_modules(modules: dict[str, Module], model: ModelConfig) -> dict[str, Module]:
-    """What every family does last: bf16 weights where bf16 computes, then the placement."""
+def finish_modules(modules: dict[str, Module], config: TalkloopConfig) -> dict[str, Module]:
+    """What every family does last: the compute dtype (``auto`` measured, see
+    :func:`choose_dtype`), bf16 weights where bf16 computes, then the placement."""
     from talkloop.pipeline.offload.placement import apply_placement
 
-    if model.compute_dtype == "bfloat16":
-        for module in modules.values():
+    dtype = choose_dtype(modules, config)
+    for module in modules.values():
+        if dtype == "bfloat16":
             module.cast_matmuls(torch.bfloat16)
-    apply_placement(modules, model)  # resident / offloaded / sharded, per model.placement
+        module.compute_dtype = dtype
+    apply_placement(modules, config.model)  # resident / offloaded / sharded
     return modules
+
+
+def choose_dtype(modules: dict[str, Module], config: TalkloopConfig) -> str:
+    """``model.dtype``, or for ``auto`` the faster of float32 and bfloat16 for this family here.
+
+    The probe is the family's own work: a session of ``config`` (its schedule and frame size)
+    on the default avatar, its first chunk and one N chunk, run with the float32 modules and
+    with a bf16 copy (:func:`talkloop.pipeline.backends.select.resolve_dtype` times them once
+    per machine, weights and shapes, and caches the choice). With an exported backend
+    (``onnxruntime``, ``openvino``) the hot networks are float32 graphs and ``auto`` is float32.
+
+    Args:
+        modules: the family's modules, loaded, in float32.
+        config: the root config.
+    """
+    from talkloop.pipeline.backends.cache import weights_hash
+    from talkloop.pipeline.backends.select import resolve_dtype, schedule_key
+
+    m = config.model
+    if m.dtype == "auto" and m.backend not in ("auto", "torch"):
+        return "float32"  # the exported graphs compute in float32 (decoder int8) whatever we pick
+    weights = ",".join(f"{n}:{weights_hash(mod.net)}" for n, mod in sorted(modules.items()))
+    identity = f"{m.family}:{weights}:{schedule_key(config)}"
+    return resolve_dtype(m.dtype, m.device, identity, lambda c: _dtype_probes(modules, config, c))
+
+
+def _dtype_probes(
+    modules: dict[str, Module], config: TalkloopConfig, candidates: tuple[str, ...]
+) -> dict[str, Callable[[], object]]:
+    import copy
+
+    from talkloop.pipeline.core.pipeline import Pipeline
+
+    reference = load_reference(config, None)
+    s, fps = config.schedule, config.video.fps
+    seconds = (s.first_len + s.n_len) / fps
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(int(seconds * config.audio.sample_rate))).astype(np.float32)
+    probes: dict[str, Callable[[], object]] = {}
+    for dtype in candidates:
+        mods = modules
+        if dtype == "bfloat16":
+            mods = {n: copy.deepcopy(mod) for n, mod in modules.items()}
+            for mod in mods.values():
+                mod.cast_matmuls(torch.bfloat16)
+        cfg = config.model_copy(update={"model": config.model.model_copy(update={"dtype": dtype})})
+        probes[dtype] = SessionProbe(Pipeline(cfg, mods), reference, audio)
+    return probes
+
+
+class SessionProbe:
+    """One timed probe: a session of ``pipeline`` rendering ``audio`` with no sinks."""
+
+    def __init__(self, pipeline: Pipeline, reference: np.ndarray, audio: np.ndarray) -> None:
+        self.pipeline, self.reference, self.audio = pipeline, reference, audio
+
+    def __call__(self) -> None:
+        self.pipeline.open_session(self.reference, "", (), seed=0).render([self.audio])
 
 
 def module_config(folder: Path, name: str) -> dict:

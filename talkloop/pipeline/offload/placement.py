@@ -59,7 +59,9 @@ def apply_placement(
                 "model.placement shards a module but this is a single process (world size 1); "
                 "launch with torchrun --nproc-per-node 2 or set the module to 'offloaded'"
             )
-    dtype = torch.bfloat16 if config.compute_dtype == "bfloat16" else torch.float32
+    # The dtype the family loaded them in (registry.finish_modules): what a shard is cut in.
+    bf16 = any(m.compute_dtype == "bfloat16" for m in modules.values())
+    dtype = torch.bfloat16 if bf16 else torch.float32
     for name, module in modules.items():
         mode = wanted.get(name, "resident")
         module.placement = mode

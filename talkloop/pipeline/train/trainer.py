@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from talkloop.pipeline.core.config import resolve_dtype
+from talkloop.pipeline.core.config import native_bf16
 from talkloop.pipeline.core.errors import CheckpointError, ConfigError
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.models.studio.a2v import lowres
@@ -135,7 +135,8 @@ class Trainer:
         self.nets = build_networks(self.family)
         self.readout = Readout(ReadoutConfig())
         self.gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.bf16 = resolve_dtype(cfg.dtype, "cpu") == "bfloat16"
+        # Training's auto follows the hardware (bf16 autocast where the CPU computes it).
+        self.bf16 = cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and native_bf16("cpu"))
         self.done: list[str] = []
         self.latent_scale: float | None = None
         self.resume_state: dict | None = None

@@ -128,7 +128,7 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
         if folder is not None and module.state_dict():
             module.load(folder)
         modules[name] = module
-    return finish_modules(modules, m)
+    return finish_modules(modules, config)
 
 
 def _config_from_folder(folder: Path) -> PortraitConfig:

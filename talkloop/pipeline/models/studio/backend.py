@@ -87,6 +87,15 @@ class A2VForward:
         return self.text(x, t, pos, ref, audio, text)
 
 
+def _weights_dtype(net: nn.Module) -> torch.dtype:
+    """The dtype ``net``'s convolutions and linear layers store their weights in
+    (:meth:`talkloop.pipeline.core.module.Module.cast_matmuls`)."""
+    for layer in net.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+            return layer.weight.dtype
+    return torch.float32
+
+
 @functools.cache
 def _calibration_latents(vae: StudioVAE, width: int, height: int) -> tuple[Tensor, ...]:
     """Per calibration clip, (CALIBRATION_FRAMES, C, h, w) VAE latents of its frames rendered
@@ -101,8 +110,11 @@ def _calibration_latents(vae: StudioVAE, width: int, height: int) -> tuple[Tenso
         params = clip.params.slice(start, start + CALIBRATION_FRAMES)
         frames = Renderer(clip.character, (width, height)).render(params).frames  # (T, H, W, 3)
         images = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        with torch.inference_mode():
-            out.append(vae.encode(images))  # (T, C, h, w)
+        # The encoder stays in the torch dtype (only the decoder is exported): where its
+        # weights are bf16, it computes under autocast as in a session.
+        bf16 = _weights_dtype(vae.encoder) == torch.bfloat16
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            out.append(vae.encode(images))  # (T, C, h, w) float32
     return tuple(out)
 
 
@@ -151,20 +163,7 @@ def warm_up(nets: dict[str, nn.Module], config: TalkloopConfig) -> None:
     nets["mouth"].forward.runner([torch.zeros(s.n_len, c, h, w), audio[0, : s.n_len]])
 
 
-def probe_shapes(config: TalkloopConfig) -> str:
-    """What :func:`_probes` times, as part of the ``auto`` cache key: the frame size and the N
-    chunk (frames, context, Euler steps). Backends rank differently at live and offline shapes:
-    at 5-frame live chunks onnxruntime ran a call 0.1 s per second of video faster than
-    openvino (its mouth net 10 against 15 ms a chunk), which had won on a decoder micro-batch
-    and an A2V step at 24-frame offline chunks."""
-    s = config.schedule
-    return (
-        f"{config.video.width}x{config.video.height}:n{s.n_len}:c{s.ctx_len}"
-        f":s{config.sampler.steps}"
-    )
-
-
-def _probes(nets: dict[str, nn.Module], config: TalkloopConfig):
+def _probes(nets: dict[str, nn.Module], config: TalkloopConfig, dtype: str):
     """``make_probes`` for :func:`talkloop.pipeline.backends.select.resolve_backend`: the networks' work
     for one N chunk of ``config``'s schedule (the graphs :func:`warm_up` compiles) on fixed
     inputs: the sampler's A2V steps, SR and the mouth net over the chunk's frames, and the
@@ -174,7 +173,7 @@ def _probes(nets: dict[str, nn.Module], config: TalkloopConfig):
 
     from talkloop.pipeline.stages.decode import micro_batch
 
-    autocast_bf16 = config.model.compute_dtype == "bfloat16"
+    autocast_bf16 = dtype == "bfloat16"
     g = torch.Generator().manual_seed(0)
     vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
     c, k = vae.cfg.latent_channels, vae.cfg.cache_frames
@@ -321,24 +320,25 @@ class DecoderForward:
         return cells_to_frames(self.graph(x))
 
 
-def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig) -> str:
+def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig, dtype: str) -> str:
     """Resolve ``model.backend`` (``auto`` is timed once per machine, then cached), attach it
     and compile the graphs ``config``'s sessions run.
 
     Args:
         nets: the family's networks, loaded, in their compute dtype.
         config: the root config (model.backend, model.device, the schedule and frame size).
+        dtype: that compute dtype (``model.dtype`` resolved): what torch's probe runs in.
     Returns:
         The backend the hot networks now run on.
     """
     from talkloop.pipeline.backends.cache import weights_hash
-    from talkloop.pipeline.backends.select import resolve_backend
+    from talkloop.pipeline.backends.select import resolve_backend, schedule_key
 
     weights = ",".join(weights_hash(nets[n]) for n in ("vae", "a2v", "sr", "mouth"))
     # The exported graphs' recipes are part of it: a new one may rank the backends differently.
-    identity = f"studio:{weights}:{probe_shapes(config)}:{RECIPE}:{DECODER_INT8}"
+    identity = f"studio:{weights}:{schedule_key(config)}:{RECIPE}:{DECODER_INT8}"
     m = config.model
-    probes = _probes(nets, config)
+    probes = _probes(nets, config, dtype)
     backend = resolve_backend(m.backend, m.device, identity, probes)
     if backend != "torch":
         # The graphs are float32 (decoder int8) whatever the torch dtype: export from float32.

@@ -194,10 +194,10 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
         elif folder is not None and module.state_dict():
             module.load(folder)
         modules[name] = module
-    finish_modules(modules, m)
+    finish_modules(modules, config)
     from talkloop.pipeline.models.studio.backend import use_backend
 
-    use_backend(nets, config)
+    use_backend(nets, config, modules["a2v"].compute_dtype or "float32")
     return modules
 
 
