@@ -9,7 +9,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from talkloop.pipeline.core.config import SIZE_RULES
 from talkloop.pipeline.core.errors import ConfigError, TalkloopError
 
 EXIT_ERROR = 2
@@ -32,16 +31,21 @@ def parse_size(text: str) -> tuple[int, int]:
     raise argparse.ArgumentTypeError(f"size must look like 256 or 320x256, got {text!r}")
 
 
-SIZE_HELP = (
-    "512 or WxH ("
-    + "; ".join(
-        f"{family}: multiples of {r.step} from {r.low} to {r.high}"
-        for family, r in SIZE_RULES.items()
+def size_help() -> str:
+    """The help of --size. Built when the parser is (the config module imports torch, which must
+    come after ``console.quiet`` has set the variables torch reads at import)."""
+    from talkloop.pipeline.core.config import SIZE_RULES
+
+    return (
+        "512 or WxH ("
+        + "; ".join(
+            f"{family}: multiples of {r.step} from {r.low} to {r.high}"
+            for family, r in SIZE_RULES.items()
+        )
+        + "; default: the family's own size, studio 256x256, portrait 512x512). Other sizes run, "
+        "but the weights were not trained for them: expect a degraded, less animated face (a "
+        "warning says so; README, Sizes)"
     )
-    + "; default: the family's own size, studio 256x256, portrait 512x512). Other sizes run, but "
-    "the weights were not trained for them: expect a degraded, less animated face (a warning says "
-    "so; README, Sizes)"
-)
 
 
 def add_video_args(p: argparse.ArgumentParser) -> None:
@@ -49,7 +53,7 @@ def add_video_args(p: argparse.ArgumentParser) -> None:
         "--size",
         type=parse_size,
         default=None,
-        help=SIZE_HELP,
+        help=size_help(),
     )
     p.add_argument("--fps", type=int, default=25)
     p.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
@@ -124,13 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--size",
         type=parse_size,
         default=None,
-        help=SIZE_HELP,
+        help=size_help(),
     )
     r.add_argument("--fps", type=int, default=25)
     r.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--preview", action="store_true", help="fast draft: 2 steps, fastest encoder")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--quiet", action="store_true", help="no progress bar (there is none off a terminal)"
+    )
+    r.add_argument(
+        "-v", "--verbose", action="store_true", help="show library logs and warnings, INFO logs"
+    )
     add_model_args(r)
     from talkloop.pipeline.outputs.kvs.args import add_kvs_args
 
@@ -162,7 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="generation this far behind real time skips whole chunks to catch up, so the lag "
         "stays bounded (100-60000; default 1000, lower when a chunk could not play on time)",
     )
-    sv.add_argument("-v", "--verbose", action="store_true", help="log sessions and connections")
+    sv.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log sessions and connections; show library logs and warnings",
+    )
     add_video_args(sv)
     add_model_args(sv)
     from talkloop.pipeline.outputs.kvs.args import add_kvs_args as add_serve_kvs_args
@@ -261,6 +275,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
+    from talkloop.pipeline.console import LOG_FORMAT
     from talkloop.pipeline.core.config import build_config
     from talkloop.rtc.app import (
         check_sessions,
@@ -272,10 +287,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from talkloop.rtc.args import serving_from_args
     from talkloop.rtc.call import CallConfig
 
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(format=LOG_FORMAT)  # the levels: console.quiet (main)
     if args.max_sessions < 1:
         raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
     serving = serving_from_args(args)  # TLS, token, origins: refused now, before loading
@@ -329,9 +341,24 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+QUIET_COMMANDS = ("render", "serve")  # library noise off unless -v (talkloop/pipeline/console.py)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((w for w in words if not w.startswith("-")), None)
+    if command not in QUIET_COMMANDS:
+        return _main(words)
+    from talkloop.pipeline.console import quiet
+
+    # Before the parser is built: building it imports torch, which reads its log level then.
+    with quiet(verbose="-v" in words or "--verbose" in words):
+        return _main(words)
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from talkloop.pipeline.audio.io import load_audio
+from talkloop.pipeline.audio.io import check_audio_file, load_audio
 from talkloop.pipeline.audio.reader import AudioReader
+from talkloop.pipeline.console import progress_bar
 from talkloop.pipeline.core.clock import frames_for_samples
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import InputError
@@ -66,7 +67,7 @@ def audio_blocks(samples: np.ndarray, sample_rate: int) -> Iterator[np.ndarray]:
 
 
 class ProgressSink:
-    """Shows a progress bar with generation fps and real-time factor."""
+    """Shows a progress bar with generation fps and real-time factor (on a terminal only)."""
 
     def __init__(self, total_frames: int, enabled: bool = True) -> None:
         self.total = total_frames
@@ -78,8 +79,8 @@ class ProgressSink:
     def open(self, info: StreamInfo) -> None:
         self.fps = info.fps
         self.t0 = time.perf_counter()
-        self.bar = tqdm(
-            total=self.total, unit="frame", disable=not self.enabled, dynamic_ncols=True
+        self.bar = progress_bar(
+            total=self.total, unit="frame", enabled=self.enabled, dynamic_ncols=True
         )
 
     def write(self, video: VideoChunk, audio: AudioChunk) -> None:
@@ -114,13 +115,18 @@ def render_file(
     pipeline: Pipeline | None = None,
     extra_sinks: Sequence[Sink] = (),
 ) -> RenderResult:
-    """Render ``audio_path`` to ``out_path``. Inputs are checked before any model is loaded.
+    """Render ``audio_path`` to ``out_path``. Inputs are checked before any model is loaded:
+    the output path, the prompt, the audio file (opened and its first packets decoded), then the
+    reference (a photo's face needs the small face models), then the whole audio.
 
     On Ctrl-C or SIGTERM (raised as KeyboardInterrupt) the mp4 of what was produced so far is
     finalised and the result says ``interrupted``; on any other error no file is left at
     ``out_path``. ``extra_sinks`` (a KVS mirror) get the same stream after the mp4.
     """
     out = check_output_path(out_path)
+    if not isinstance(prompt, str):
+        raise InputError(f"prompt must be text, got {type(prompt).__name__}")
+    check_audio_file(audio_path)  # cheap, before the reference's face models or any network
     v = config.video
     image = load_reference(config, reference)  # None: the family's default avatar
     samples = load_audio(audio_path, config.audio.sample_rate)

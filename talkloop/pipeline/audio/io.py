@@ -19,7 +19,14 @@ from talkloop.pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
 from talkloop.pipeline.audio.resample import StreamResampler, resample
 from talkloop.pipeline.core.errors import InputError
 
-__all__ = ["load_audio", "resample", "pcm16_to_float", "float_to_pcm16", "write_wav"]
+__all__ = [
+    "check_audio_file",
+    "load_audio",
+    "resample",
+    "pcm16_to_float",
+    "float_to_pcm16",
+    "write_wav",
+]
 
 # Decoders may report rates and durations a little off (VBR mp3 without a Xing header); the
 # preallocated buffer is grown if the estimate was short, so this only trims reallocations.
@@ -44,6 +51,40 @@ def load_audio(path: str | os.PathLike[str], sample_rate: int) -> np.ndarray:
     """
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
+    p, container = _open_audio(path)
+    with container:
+        stream = container.streams.audio[0]
+        try:
+            samples = _decode_mono(container, stream, sample_rate, _estimate(container, stream))
+        except av.error.FFmpegError as exc:
+            raise InputError(f"corrupt audio data in {p}: {_reason(exc)}") from exc
+    if samples.shape[0] == 0:
+        raise InputError(f"audio stream in {p} decodes to zero samples (empty or corrupt)")
+    return samples
+
+
+def check_audio_file(path: str | os.PathLike[str]) -> Path:
+    """What :func:`load_audio` checks, cheaply: the file is there, readable and audio, and its
+    first packets decode to samples. Milliseconds whatever the file's length, so callers run it
+    before loading any model; ``load_audio`` still decodes (and checks) the whole stream.
+
+    Raises:
+        InputError: as :func:`load_audio`.
+    """
+    p, container = _open_audio(path)
+    with container:
+        stream = container.streams.audio[0]
+        try:
+            for frame in container.decode(stream):
+                if frame.samples:
+                    return p
+        except av.error.FFmpegError as exc:
+            raise InputError(f"corrupt audio data in {p}: {_reason(exc)}") from exc
+    raise InputError(f"audio stream in {p} decodes to zero samples (empty or corrupt)")
+
+
+def _open_audio(path: str | os.PathLike[str]) -> tuple[Path, av.container.InputContainer]:
+    """``path`` opened, with at least one audio stream; the caller closes the container."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"audio file not found: {p} (check the path)")
@@ -51,6 +92,8 @@ def load_audio(path: str | os.PathLike[str], sample_rate: int) -> np.ndarray:
         raise InputError(f"audio path is a directory, not a file: {p}")
     if p.stat().st_size == 0:
         raise InputError(f"audio file is empty (0 bytes): {p}")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"cannot read audio file {p}: permission denied")
     try:
         container = av.open(str(p), mode="r")
     except av.error.FFmpegError as exc:
@@ -60,18 +103,11 @@ def load_audio(path: str | os.PathLike[str], sample_rate: int) -> np.ndarray:
         ) from exc
     except OSError as exc:
         raise InputError(f"cannot read audio file {p}: {exc.strerror or exc}") from exc
-    with container:
-        if not container.streams.audio:
-            kinds = ", ".join(sorted({s.type for s in container.streams})) or "no streams"
-            raise InputError(f"no audio stream in {p} (it contains: {kinds})")
-        stream = container.streams.audio[0]
-        try:
-            samples = _decode_mono(container, stream, sample_rate, _estimate(container, stream))
-        except av.error.FFmpegError as exc:
-            raise InputError(f"corrupt audio data in {p}: {_reason(exc)}") from exc
-    if samples.shape[0] == 0:
-        raise InputError(f"audio stream in {p} decodes to zero samples (empty or corrupt)")
-    return samples
+    if not container.streams.audio:
+        kinds = ", ".join(sorted({s.type for s in container.streams})) or "no streams"
+        container.close()
+        raise InputError(f"no audio stream in {p} (it contains: {kinds})")
+    return p, container
 
 
 def _reason(exc: BaseException) -> str:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from talkloop.pipeline.cluster.connect import import_ray
 from talkloop.pipeline.cluster.manifest import Row
+from talkloop.pipeline.console import progress_bar
 
 TASK_MEMORY_MB = 3000  # portrait at 512 px peaks near 1.5 GB; room for the encoder and torch
 SUMMARY = "summary.json"
@@ -175,7 +176,7 @@ def run_batch(
             row.prompt,
         )
         refs[task.remote(job)] = row
-    bar = tqdm(total=len(rows), unit="row", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=len(rows), unit="row", enabled=progress, dynamic_ncols=True)
     bar.update(len(results))
     pending = list(refs)
     interrupted = False

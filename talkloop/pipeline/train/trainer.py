@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from tqdm import tqdm
 
+from talkloop.pipeline.console import progress_bar
 from talkloop.pipeline.core.config import native_bf16
 from talkloop.pipeline.core.errors import CheckpointError, ConfigError
 from talkloop.pipeline.core.module import Module
@@ -227,8 +227,8 @@ class Trainer:
             start, total = rs["step"], rs["total"]
             self.resume_state = None
         budget = self._budget_seconds(name)
-        bar = tqdm(
-            total=total, initial=start, desc=name, disable=not self.progress, dynamic_ncols=True
+        bar = progress_bar(
+            total=total, initial=start, desc=name, enabled=self.progress, dynamic_ncols=True
         )
         t_phase = time.perf_counter()
         timed_steps, timed_seconds = 0, 0.0
@@ -684,7 +684,7 @@ class Trainer:
     def _counter(self, desc: str, total: int) -> Callable[[int], None] | None:
         if not self.progress:
             return None
-        bar = tqdm(total=total, desc=desc, dynamic_ncols=True)
+        bar = progress_bar(total=total, desc=desc, dynamic_ncols=True)
 
         def update(done: int) -> None:
             bar.update(done - bar.n)

@@ -83,8 +83,13 @@ class _Model:
             if self._interpreter is None:
                 from ai_edge_litert.interpreter import Interpreter
 
-                it = Interpreter(model_path=str(self.path), num_threads=1)
-                it.allocate_tensors()
+                from talkloop.pipeline.console import native_stderr_muted
+
+                # LiteRT prints "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." from
+                # C++ to fd 2 (no option or variable turns it off); other lines pass through.
+                with native_stderr_muted():
+                    it = Interpreter(model_path=str(self.path), num_threads=1)
+                    it.allocate_tensors()
                 self._interpreter = it
             it = self._interpreter
             it.set_tensor(it.get_input_details()[0]["index"], x[None].astype(np.float32))

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
-from tqdm import tqdm
 
+from talkloop.pipeline.console import progress_bar
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.models.portrait.motion import MODULE_NAME, PortraitMotionConfig, build_motion
@@ -195,7 +195,7 @@ def build_data(
     Clips shorter than ``min_frames`` are skipped.
     """
     feats, params, lengths, prompts = [], [], [], []
-    for index in tqdm(range(count), desc=f"{split} clips", disable=not progress):
+    for index in progress_bar(range(count), desc=f"{split} clips", enabled=progress):
         clip = make_clip(split, index, seed, render=False)
         if clip.num_frames < min_frames:
             continue
@@ -477,7 +477,9 @@ class MotionTrainer:
         t_train = time.perf_counter()
         loss_ema, step, first_loss = None, 0, None
         val_losses: list[tuple[int, float]] = []
-        bar = tqdm(total=cfg.steps, desc="motion", disable=not self.progress, dynamic_ncols=True)
+        bar = progress_bar(
+            total=cfg.steps, desc="motion", enabled=self.progress, dynamic_ncols=True
+        )
         while step < cfg.steps:
             used = 0.0 if budget is None else (time.perf_counter() - t_train) / budget
             if used >= 1.0:
