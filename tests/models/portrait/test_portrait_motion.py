@@ -132,15 +132,12 @@ def shipped_runner():
 
     if not (SHIPPED / "a2v.safetensors").is_file():
         pytest.fail(f"no shipped portrait motion weights in {SHIPPED}")
-    return load_runner(SHIPPED)
+    return load_runner(SHIPPED, dtype="float32")
 
 
-def test_shipped_weights_open_the_mouth_when_the_truth_does(shipped_runner, text_encoder) -> None:
+def test_shipped_weights_open_the_mouth_when_the_truth_does(shipped_runner) -> None:
     clip = make_clip("test", 0, 0, render=False)
-    text = text_encoder.encode([clip.prompt]) if clip.prompt.strip() else None
-    gen = shipped_runner.generate(
-        clip.audio, clip.num_frames, text, ScheduleConfig(), SamplerConfig(), clip.fps
-    )
+    gen = shipped_runner.generate(clip.audio, clip.prompt, ScheduleConfig(), SamplerConfig())
     assert gen.params.shape == (clip.num_frames, 16)
     mo = FRAME_FIELDS.index("mouth_open")
     figures = lipsync([gen.params[:, mo]], [clip.params["mouth_open"]], clip.fps, 40.0)
@@ -150,9 +147,7 @@ def test_shipped_weights_open_the_mouth_when_the_truth_does(shipped_runner, text
 def test_runner_publishes_segments_in_the_timeline_display_order(shipped_runner) -> None:
     clip = make_clip("test", 1, 0, render=False)
     schedule = ScheduleConfig(first_len=2, n_len=5, i_len=2, ctx_len=2)
-    gen = shipped_runner.generate(
-        clip.audio, clip.num_frames, None, schedule, SamplerConfig(steps=2, i_steps=1), clip.fps
-    )
+    gen = shipped_runner.generate(clip.audio, "", schedule, SamplerConfig(steps=2, i_steps=1))
     expected = [s.start for s in Timeline(schedule).display_order(clip.num_frames) if s.start > 0]
     assert gen.seams == expected
     assert np.isfinite(gen.params).all()

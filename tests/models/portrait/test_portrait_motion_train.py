@@ -74,11 +74,9 @@ def test_folder_carries_the_frozen_studio_audio_encoder(run) -> None:
     for suffix in (".json", ".safetensors"):
         shipped = (STUDIO_WEIGHTS / f"audio_encoder{suffix}").read_bytes()
         assert (out / f"audio_encoder{suffix}").read_bytes() == shipped
-    runner = load_runner(out)
+    runner = load_runner(out, dtype="float32")
     clip = make_clip("test", 0, 0, render=False)
-    gen = runner.generate(
-        clip.audio, clip.num_frames, None, ScheduleConfig(), SamplerConfig(), clip.fps
-    )
+    gen = runner.generate(clip.audio, "", ScheduleConfig(), SamplerConfig())
     assert gen.params.shape == (clip.num_frames, 16) and np.isfinite(gen.params).all()
 
 
