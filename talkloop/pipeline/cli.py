@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from talkloop.pipeline.core.errors import ConfigError, TalkloopError
+from talkloop.pipeline.models.spec import DEFAULT_FAMILY, family_names, get_spec, specs
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -32,19 +33,16 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def size_help() -> str:
-    """The help of --size. Built when the parser is (the config module imports torch, which must
-    come after ``console.quiet`` has set the variables torch reads at import)."""
-    from talkloop.pipeline.core.config import SIZE_RULES
-
+    """The help of --size: each family's size rule and default size (its spec)."""
+    rules = []
+    for name, fam in specs().items():
+        r, (w, h) = fam.size_rule, fam.native_sizes[0]
+        rules.append(f"{name}: multiples of {r.step} from {r.low} to {r.high}, default {w}x{h}")
     return (
         "512 or WxH ("
-        + "; ".join(
-            f"{family}: multiples of {r.step} from {r.low} to {r.high}"
-            for family, r in SIZE_RULES.items()
-        )
-        + "; default: the family's own size, studio 256x256, portrait 512x512). Other sizes run, "
-        "but the weights were not trained for them: expect a degraded, less animated face (a "
-        "warning says so; README, Sizes)"
+        + "; ".join(rules)
+        + "). Other sizes run, but the weights were not trained for them: expect a degraded, "
+        "less animated face (a warning says so; README, Sizes)"
     )
 
 
@@ -64,10 +62,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument(
         "--family",
-        choices=["studio", "portrait"],
-        default="portrait",
-        help="portrait: a real person from one photo (--reference PHOTO); studio: the "
-        "synthetic characters",
+        choices=family_names(),
+        default=DEFAULT_FAMILY,
+        help="; ".join(f"{name}: {fam.summary}" for name, fam in specs().items()),
     )
     g.add_argument("--weights", type=Path, help="checkpoint folder (default: installed weights)")
     g.add_argument(
@@ -210,10 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace):
     from talkloop.pipeline.core.config import build_config
 
-    family = getattr(args, "family", "portrait")
-    from talkloop.pipeline.models.registry import family as family_module
-
-    width, height = getattr(args, "size", None) or family_module(family).NATIVE_SIZES[0]
+    family = getattr(args, "family", DEFAULT_FAMILY)
+    width, height = getattr(args, "size", None) or get_spec(family).native_sizes[0]
     sampler: dict[str, object] = {}
     output: dict[str, object] = {}
     steps = getattr(args, "steps", None)

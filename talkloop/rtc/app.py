@@ -13,7 +13,8 @@ import numpy as np
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import installed_weights, load_reference
+from talkloop.pipeline.models.registry import installed_weights, load_reference, spec
+from talkloop.pipeline.models.spec import DEFAULT_FAMILY
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.ice import IceConfig
 from talkloop.rtc.security import AccessPolicy
@@ -27,14 +28,12 @@ NO_WEIGHTS_NOTICE = (
 
 def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
     """Apply the family's live schedule (unless the caller set one) and, unless
-    ``sampler_given``, its live sampler steps (``LIVE_SCHEDULE``/``LIVE_SAMPLER`` of the family,
-    ``talkloop/pipeline/models/registry.py``)."""
-    from talkloop.pipeline.models.registry import family
-
-    fam = family(base.get("model", {}).get("family", "studio"))
-    out = {**base, "schedule": {**fam.LIVE_SCHEDULE, **base.get("schedule", {})}}
+    ``sampler_given``, its live sampler steps (the family spec's ``live_schedule`` and
+    ``live_sampler``, ``talkloop/pipeline/models/spec.py``)."""
+    fam = spec(base.get("model", {}).get("family", DEFAULT_FAMILY))
+    out = {**base, "schedule": {**fam.live_schedule, **base.get("schedule", {})}}
     if not sampler_given:
-        out["sampler"] = {**base.get("sampler", {}), **fam.LIVE_SAMPLER}
+        out["sampler"] = {**base.get("sampler", {}), **fam.live_sampler}
     return out
 
 
@@ -126,7 +125,7 @@ async def serve_forever(
 
 
 def resolve_weights(
-    untrained: bool, weights: Path | None, family: str = "studio"
+    untrained: bool, weights: Path | None, family: str = DEFAULT_FAMILY
 ) -> tuple[bool, str]:
     """The server always starts: without trained weights it runs untrained and says so."""
     if untrained or weights is not None or installed_weights(family) is not None:

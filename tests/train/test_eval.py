@@ -58,7 +58,8 @@ def test_eval_rejects_a_bad_clip_count(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_train_rejects_a_bad_character_share(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    args = ["train", "--out", str(tmp_path), "--preset", "tiny", "--clips-per-character", "0"]
+    args = ["train", "--family", "studio", "--out", str(tmp_path), "--preset", "tiny"]
+    args += ["--clips-per-character", "0"]
     assert main(args) == 2
     assert "--clips-per-character must be >= 1" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written
@@ -69,7 +70,7 @@ def test_train_has_a_steps_flag_per_phase_that_rejects_negatives(
     phase: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     flag = f"--steps-{phase}"
-    assert main(["train", "--out", str(tmp_path), "--preset", "tiny", flag, "-1"]) == 2
+    assert main(["train", "--family", "studio", "--out", str(tmp_path), flag, "-1"]) == 2
     assert f"{flag} must be >= 0" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written
 
@@ -78,7 +79,8 @@ def test_train_rejects_generation_flags_with_given_data(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out, data = tmp_path / "out", tmp_path / "data"
-    args = ["train", "--out", str(out), "--data", str(data), "--clips-per-character", "2"]
+    args = ["train", "--family", "studio", "--out", str(out), "--data", str(data)]
+    args += ["--clips-per-character", "2"]
     assert main(args) == 2
     assert "--clips-per-character only shape generated clips" in capsys.readouterr().err
     assert not out.exists()

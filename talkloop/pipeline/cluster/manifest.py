@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.models.spec import family_names
 
 COLUMNS = ("audio", "reference", "prompt", "family", "out")
-FAMILIES = ("studio", "portrait")
 
 
 class ManifestError(ConfigError):
@@ -131,8 +131,8 @@ def _row(number: int, rec: dict[str, str], manifest: Path) -> Row:
         raise ManifestError(f"{where}: empty 'audio'")
     audio = base / rec["audio"]
     family = rec.get("family") or None
-    if family is not None and family not in FAMILIES:
-        raise ManifestError(f"{where}: family {family!r} is not one of {', '.join(FAMILIES)}")
+    if family is not None and family not in family_names():
+        raise ManifestError(f"{where}: family {family!r} is not one of {', '.join(family_names())}")
     out = rec.get("out") or Path(rec["audio"]).stem
     if Path(out).name != out or out in (".", ".."):
         raise ManifestError(f"{where}: 'out' is a file stem, not a path, got {out!r}")

@@ -7,27 +7,12 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from talkloop.pipeline.core.errors import ConfigError
-
-
-class SizeRule(NamedTuple):
-    """The frame sizes a family can make: a multiple of ``step`` from ``low`` to ``high``."""
-
-    step: int
-    low: int
-    high: int
-
-
-SIZE_RULES = {
-    # VAE x8, the A2V works at half the latent resolution with patch 2: multiples of 32.
-    "studio": SizeRule(32, 64, 1024),
-    # The photo is warped at any size; H.264 codes 16-pixel macroblocks (720x1280 phones).
-    "portrait": SizeRule(16, 128, 1920),
-}
+from talkloop.pipeline.models.spec import DEFAULT_FAMILY, get_spec
 
 
 @functools.cache
@@ -70,14 +55,12 @@ class VideoConfig(_Strict):
     fps: int = Field(25, ge=1, le=60, description="frames per second")
 
     def check_size(self, family: str) -> None:
-        """Raise ValueError unless both sides suit ``family`` (``SIZE_RULES``)."""
-        rule = SIZE_RULES[family]
+        """Raise ValueError unless both sides suit ``family`` (its spec's size rule)."""
+        rule = get_spec(family).size_rule
         for name, value in (("width", self.width), ("height", self.height)):
-            if not (rule.low <= value <= rule.high) or value % rule.step:
-                raise ValueError(
-                    f"unsupported {name} {value} for the {family} family: use a multiple of "
-                    f"{rule.step} between {rule.low} and {rule.high}"
-                )
+            problem = rule.check(value)
+            if problem:
+                raise ValueError(f"unsupported {name} {value} for the {family} family: {problem}")
 
 
 class AudioConfig(_Strict):
@@ -124,13 +107,6 @@ class SamplerConfig(_Strict):
 
 Placement = Literal["resident", "offloaded", "sharded"]
 
-# Modules with transformer blocks (a ``.blocks`` ModuleList), per family: only these can be
-# offloaded per block or sharded per block (load_modules checks the built networks again).
-BLOCK_MODULES = {"studio": ("a2v", "sr"), "portrait": ("a2v",)}
-# Model families: folders under talkloop/pipeline/models/ (talkloop/pipeline/models/registry.py).
-FAMILIES = ("studio", "portrait")
-Family = Literal["studio", "portrait"]
-
 
 class PlacementConfig(_Strict):
     """Where each module's weights live (docs/offload.md).
@@ -148,10 +124,9 @@ class PlacementConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    family: Family = Field(
-        "portrait",
-        description="studio: the synthetic characters' latent model; portrait: a real person "
-        "from one photo, animated by warping it",
+    family: str = Field(
+        DEFAULT_FAMILY,
+        description="the model family (talkloop/pipeline/models/spec.py lists the known ones)",
     )
     preset: Literal["default", "tiny", "large"] = Field("default", description="network sizes")
     weights: Path | None = Field(
@@ -186,6 +161,12 @@ class ModelConfig(_Strict):
         None, description="page-locked host masters; None = wherever a CUDA driver exists"
     )
 
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, name: str) -> str:
+        get_spec(name)  # ValueError naming the known families
+        return name
+
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         if self.untrained and self.weights is not None:
@@ -209,7 +190,9 @@ class ModelConfig(_Strict):
         from talkloop.pipeline.offload.device import driver_available
         from talkloop.pipeline.offload.distributed import env_world_size
 
-        with_blocks = BLOCK_MODULES[self.family]
+        # Only modules with transformer blocks (a ``.blocks`` ModuleList) can be offloaded or
+        # sharded per block (load_modules checks the built networks again).
+        with_blocks = get_spec(self.family).block_modules
         for name, mode in self.placement.model_dump().items():
             if mode != "resident" and name not in with_blocks:
                 raise ValueError(
@@ -250,6 +233,22 @@ class TalkloopConfig(_Strict):
     model: ModelConfig = ModelConfig()
     output: OutputConfig = OutputConfig()
     seed: int = Field(0, ge=0, lt=2**63, description="noise seed")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_size(cls, data: object) -> object:
+        """Without a frame size, the family's own (the first of its native sizes)."""
+        if not isinstance(data, dict):
+            return data
+        model, video = data.get("model") or {}, data.get("video") or {}
+        if not isinstance(video, dict) or "width" in video or "height" in video:
+            return data
+        name = model.get("family", DEFAULT_FAMILY) if isinstance(model, dict) else model.family
+        try:
+            width, height = get_spec(name).native_sizes[0]
+        except ValueError:
+            return data  # an unknown family: model.family's own error says so
+        return {**data, "video": {**video, "width": width, "height": height}}
 
     @model_validator(mode="after")
     def _check_size(self) -> TalkloopConfig:

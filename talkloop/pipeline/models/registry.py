@@ -1,18 +1,19 @@
-"""Model families: each is a folder under ``talkloop/pipeline/models/`` whose ``family.py`` implements the
-contract below. The framework asks the family named by ``config.model.family`` and knows nothing
-else about it; adding a family is a folder plus its name in ``FAMILIES``.
+"""Model families: the framework asks the family named by ``config.model.family`` and knows
+nothing else about it. Each is a package with a ``SPEC`` (:mod:`talkloop.pipeline.models.spec`:
+its name, sizes, block modules, live schedule, weights folder, trainer and evaluator) and a
+``family.py`` that implements the contract below; a package under ``talkloop/pipeline/models/``
+is found by itself, one elsewhere joins with ``spec.register``. Adding a family is its folder.
 
-The contract (module-level names of ``talkloop/pipeline/models/<name>/family.py``):
+The contract (module-level names of the family's ``family.py``):
 
 - ``load_modules(config) -> dict[str, Module]``: the family's networks, trained weights loaded
-  (``config.model.weights`` or the installed folder) unless ``config.model.untrained``;
+  (``config.model.weights`` or the installed folder) unless ``config.model.untrained``, finished
+  with :func:`finish_modules` (the compute dtype and the placement);
 - ``phases(config) -> dict[str, Phase]``: the stages of the init / prompt / n_chunk / i_chunk /
-  publish phases (``talkloop/pipeline/core/pipeline.py`` checks the graph);
+  publish phases (``talkloop/pipeline/core/graph.py`` checks the graph);
 - ``load_reference(source, width, height) -> np.ndarray``: a path, an array or None (the
   family's default avatar) -> the ``(height, width, 3)`` uint8 image a session starts from;
-- ``installed_weights() -> Path | None``: the weights folder shipped with the package;
-- ``NATIVE_SIZES``: the (width, height) sizes the shipped weights were made for.
-- ``LIVE_SCHEDULE`` / ``LIVE_SAMPLER``: the chunk schedule and sampler overrides of live calls.
+- ``installed_weights() -> Path | None``: the weights folder shipped with the package, if there.
 """
 
 from __future__ import annotations
@@ -28,21 +29,28 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from talkloop.pipeline.core.config import FAMILIES, ModelConfig, TalkloopConfig
+from talkloop.pipeline.core.config import ModelConfig, TalkloopConfig
 from talkloop.pipeline.core.errors import CheckpointError, ConfigError, WeightsMissingError
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.models.sizes import warn_unless_native_size
+from talkloop.pipeline.models.spec import DEFAULT_FAMILY, FamilySpec, get_spec
 
 if TYPE_CHECKING:
     from talkloop.pipeline.core.graph import Phase
     from talkloop.pipeline.core.pipeline import Pipeline
 
 
+def spec(name: str = DEFAULT_FAMILY) -> FamilySpec:
+    """The spec of family ``name``. Raises ConfigError naming the known families."""
+    try:
+        return get_spec(name)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def family(name: str) -> ModuleType:
     """The ``family.py`` module of family ``name``."""
-    if name not in FAMILIES:
-        raise ConfigError(f"unknown model family {name!r}: use one of {', '.join(FAMILIES)}")
-    return importlib.import_module(f"talkloop.pipeline.models.{name}.family")
+    return importlib.import_module(f"{spec(name).package}.family")
 
 
 def load_modules(config: TalkloopConfig) -> dict[str, Module]:
@@ -65,7 +73,7 @@ def load_reference(
     return family(config.model.family).load_reference(source, v.width, v.height)
 
 
-def installed_weights(name: str = "studio") -> Path | None:
+def installed_weights(name: str) -> Path | None:
     """The weights folder shipped with family ``name``, if any."""
     return family(name).installed_weights()
 

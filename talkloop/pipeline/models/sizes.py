@@ -7,8 +7,8 @@ artefacts with broken eyes at 512 (README, "Sizes"). Where a size comes from, fi
 
 - the weights folder's ``train_summary.json`` (``recipe.size``, written by ``talkloop train``:
   one side, or [width, height]), so a folder trained at another size is judged by its own;
-- the family's ``NATIVE_SIZES`` (``talkloop/pipeline/models/<family>/family.py``), the sizes its shipped
-  weights were made for.
+- the family spec's ``native_sizes`` (``talkloop/pipeline/models/spec.py``), the sizes its
+  shipped weights were made for.
 
 Random weights (``untrained``) were made for nothing, so they get no warning.
 """
@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.pipeline.models.spec import get_spec
 
 __all__ = ["native_sizes", "size_warning", "warn_unless_native_size"]
 
@@ -49,12 +50,10 @@ def native_sizes(config: TalkloopConfig) -> tuple[tuple[int, int], ...]:
     """
     if config.model.untrained:
         return ()
-    from talkloop.pipeline.models.registry import family
-
-    module = family(config.model.family)
-    folder = config.model.weights or module.installed_weights()
+    spec = get_spec(config.model.family)
+    folder = config.model.weights or spec.weights
     recorded = _folder_sizes(Path(folder)) if folder is not None else None
-    return recorded or tuple(getattr(module, "NATIVE_SIZES", ()))
+    return recorded or spec.native_sizes
 
 
 def size_warning(config: TalkloopConfig) -> str | None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 from pathlib import Path
 
 from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.models.spec import DEFAULT_FAMILY, family_names, get_spec
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,9 +16,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--out", type=Path, required=True, help="weights + checkpoint folder")
     t.add_argument(
         "--family",
-        choices=["studio", "portrait"],
-        default="studio",
-        help="studio: every network on rendered clips; portrait: the motion generator only",
+        choices=family_names(),
+        default=DEFAULT_FAMILY,
+        help="the family to train (studio: every network on rendered clips; portrait: the "
+        "motion generator only)",
     )
     t.add_argument("--steps", type=int, help="portrait: motion generator steps")
     t.add_argument("--preset", choices=["default", "tiny"], default="default")
@@ -61,123 +63,25 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(e)
 
 
+def _family_command(args: argparse.Namespace, role: str):
+    """The family's ``module:function`` for ``role`` (``trainer`` or ``evaluator``)."""
+    target = getattr(get_spec(args.family), role)
+    if target is None:
+        verb = "trained" if role == "trainer" else "evaluated"
+        raise ConfigError(f"the {args.family} family cannot be {verb} with talkloop")
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    """Run ``talkloop train``."""
-    from talkloop.pipeline.train.config import PHASES, TrainConfig
-    from talkloop.pipeline.train.trainer import train
-
-    if args.family == "portrait":
-        return _train_portrait(args)
-    if args.steps is not None:
-        raise ConfigError("--steps is for --family portrait; studio phases take --steps-<phase>")
-    if args.data is not None:
-        given = [f for f in ("clips", "clips_per_character") if getattr(args, f) is not None]
-        if given:
-            flags = " and ".join("--" + f.replace("_", "-") for f in given)
-            raise ConfigError(
-                f"{flags} only shape generated clips; --data {args.data} already has its clips "
-                "(make them with `talkloop studio dataset --clips N --characters M`)"
-            )
-    cfg = TrainConfig.recipe(args.preset)
-    updates: dict[str, object] = {"seed": args.seed}
-    if args.clips is not None:
-        if args.clips < 1:
-            raise ConfigError(f"--clips must be >= 1, got {args.clips}")
-        updates["clips"] = args.clips
-    if args.clips_per_character is not None:
-        if args.clips_per_character < 1:
-            raise ConfigError(f"--clips-per-character must be >= 1, got {args.clips_per_character}")
-        updates["clips_per_character"] = args.clips_per_character
-    if args.minutes is not None:
-        if args.minutes <= 0:
-            raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
-        updates["minutes"] = args.minutes
-    for phase in PHASES:
-        steps = getattr(args, f"steps_{phase}")
-        if steps is not None:
-            if steps < 0:
-                raise ConfigError(f"--steps-{phase} must be >= 0, got {steps}")
-            updates[phase] = getattr(cfg, phase).model_copy(update={"steps": steps})
-    cfg = TrainConfig.model_validate({**cfg.model_dump(), **updates})
-    if args.data is not None and not (args.data / "index.jsonl").is_file():
-        raise ConfigError(f"--data {args.data} has no index.jsonl (see `talkloop studio dataset`)")
-    out = train(cfg, args.out, args.data, resume=args.resume, progress=not args.quiet)
-    print(f"wrote weights to {out} (use: talkloop render --weights {out} ...)")
-    return 0
-
-
-def _train_portrait(args: argparse.Namespace) -> int:
-    """``talkloop train --family portrait``: the motion generator on studio clips' parameters."""
-    from talkloop.pipeline.models.portrait.train import MotionTrainConfig, train_motion
-    from talkloop.pipeline.train.config import PHASES
-
-    studio_only = ["data", "clips_per_character", "resume"] + [f"steps_{p}" for p in PHASES]
-    given = [f for f in studio_only if getattr(args, f) not in (None, False)]
-    if args.preset != "default":
-        given.append("preset")
-    if given:
-        flags = ", ".join("--" + f.replace("_", "-") for f in given)
-        raise ConfigError(
-            f"{flags}: studio-only option(s); --family portrait takes --steps, "
-            "--clips, --minutes, --seed"
-        )
-    updates: dict[str, object] = {"seed": args.seed}
-    for flag, value, low in (("steps", args.steps, 0), ("clips", args.clips, 1)):
-        if value is not None:
-            if value < low:
-                raise ConfigError(f"--{flag} must be >= {low}, got {value}")
-            updates[flag] = value
-    if args.minutes is not None:
-        if args.minutes <= 0:
-            raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
-        updates["minutes"] = args.minutes
-    cfg = MotionTrainConfig.model_validate({**MotionTrainConfig().model_dump(), **updates})
-    out = train_motion(cfg, args.out, progress=not args.quiet)
-    print(f"wrote portrait motion weights to {out}")
-    return 0
+    """Run ``talkloop train``: the family's own trainer."""
+    return _family_command(args, "trainer")(args)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Run ``talkloop eval``."""
-    from talkloop.pipeline.cli import config_from_args
-    from talkloop.pipeline.train.evaluate import evaluate
-
+    """Run ``talkloop eval``: the family's own evaluation."""
     if args.clips < 1:
         raise ConfigError(f"--clips must be >= 1, got {args.clips}")
     if args.minutes <= 0:
         raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
-    if args.family == "portrait":
-        return _eval_portrait(args)
-    config = config_from_args(args)
-    result = evaluate(
-        config, args.out, clips=args.clips, minutes=args.minutes, progress=not args.quiet
-    )
-    keys = ("lipsync_corr", "lipsync_lag_ms", "seam_ratio", "seam_ratio_no_i", "identity_drift")
-    print("  ".join(f"{k}={result[k]:.3g}" for k in keys if result.get(k) is not None))
-    print(f"wrote {args.out / 'eval.json'} and {args.out / 'eval.png'}")
-    if args.card:
-        from talkloop.pipeline.train.card import write_model_card
-
-        if result["weights"] is None:
-            raise ConfigError("--card needs trained weights (--weights DIR or installed ones)")
-        print(f"wrote {write_model_card(Path(str(result['weights'])), result)}")
-    return 0
-
-
-def _eval_portrait(args: argparse.Namespace) -> int:
-    """``talkloop eval --family portrait``: the motion net's parameters against the studio's
-    exact ones on held-out clips (lip sync, prompts, seams, pauses)."""
-    from talkloop.pipeline.models.portrait.evaluate import evaluate_motion
-    from talkloop.pipeline.models.portrait.family import INSTALLED_WEIGHTS, installed_weights
-
-    if args.card:
-        raise ConfigError("--card is for the studio family")
-    folder = args.weights or installed_weights()
-    if folder is None:
-        raise ConfigError(
-            f"no portrait weights installed ({INSTALLED_WEIGHTS}); pass --weights DIR"
-        )
-    result = evaluate_motion(folder, args.out, clips=args.clips, progress=not args.quiet)
-    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (dict, list))}))
-    print(f"wrote {args.out / 'eval.json'} and {args.out / 'eval.png'}")
-    return 0
+    return _family_command(args, "evaluator")(args)

@@ -5,3 +5,25 @@ Init: face detection, dense landmarks and a head-and-shoulders framing (``framin
 Publish: a renderer that warps the photo along its landmark mesh and paints the mouth interior
 (``render.py``). ``family.py`` builds the modules and stages.
 """
+
+from pathlib import Path
+
+from talkloop.pipeline.models.spec import FamilySpec, SizeRule
+
+SPEC = FamilySpec(
+    name="portrait",
+    package=__name__,
+    summary="a real person from one photo (--reference PHOTO)",
+    # The photo is warped at any size; H.264 codes 16-pixel macroblocks (720x1280 phones).
+    size_rule=SizeRule(16, 128, 1920),
+    # Square 512 is the default; the framing keeps the face at the same share of any frame.
+    native_sizes=((512, 512), (384, 384), (768, 768), (720, 1280)),
+    block_modules=("a2v",),
+    # Live calls: 3-frame chunks (120 ms) without I chunks; the sampler keeps its offline steps
+    # (docs/benchmarks.md has the measurements behind each choice).
+    live_schedule={"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2},
+    live_sampler={},
+    weights=Path(__file__).parent / "weights",
+    trainer="talkloop.pipeline.models.portrait.cli:train",
+    evaluator="talkloop.pipeline.models.portrait.cli:evaluate_cli",
+)

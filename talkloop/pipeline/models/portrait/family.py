@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import CheckpointError, ConfigError, InputError
 from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.portrait import SPEC
 from talkloop.pipeline.models.portrait.motion import PortraitMotionConfig
 from talkloop.pipeline.models.studio.a2v import A2VDiT
 from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
@@ -29,20 +30,13 @@ if TYPE_CHECKING:
 
 # Module name -> field of PortraitConfig (and the checkpoint files' stem).
 PORTRAIT_MODULES = {"audio_encoder": "audio", "text_encoder": "text", "a2v": "motion"}
-INSTALLED_WEIGHTS = Path(__file__).parent / "weights"
+INSTALLED_WEIGHTS = SPEC.weights
 DEFAULT_REFERENCE = Path(__file__).parent / "default_portrait.png"
 INIT_SEED = 0
-# Square 512 is the default; 384 and 768 and a 720x1280 phone framing are made for as well (the
-# renderer warps the photo at any size; the framing keeps the face at the same share of the frame).
-NATIVE_SIZES = ((512, 512), (384, 384), (768, 768), (720, 1280))
-# Live calls: 3-frame chunks (120 ms). The playout delay is two chunks plus the look-ahead plus
-# 40 ms (agent.session.default_playout_s): 320 ms here, against 480 ms with studio's 5-frame
-# chunks; the motion net's per-chunk cost is small enough to run a chunk this often. No I chunks:
-# redoing one frame between two anchors made the seams rougher, not smoother (8 held-out clips,
-# parameter change at seams / inside chunks: 1.29 with, 1.14 without; truth 1.00 / 0.93), with
-# the same lip sync (0.774 / 0.772). The sampler keeps its offline steps.
-LIVE_SCHEDULE = {"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2}
-LIVE_SAMPLER: dict[str, int] = {}
+# The spec's native sizes, live schedule and sampler under the names the family's code uses.
+NATIVE_SIZES = SPEC.native_sizes
+LIVE_SCHEDULE = dict(SPEC.live_schedule)
+LIVE_SAMPLER = dict(SPEC.live_sampler)
 
 
 # The family's networks are small (a motion token per frame) and its renderer is a few remaps a

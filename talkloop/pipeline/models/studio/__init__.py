@@ -1,0 +1,26 @@
+"""The studio family: synthetic characters, a latent model trained here on rendered talking faces.
+
+``family.py`` builds the networks (one file each: VAE, audio and text encoders, expression net,
+A2V DiT, SR DiT, mouth net) and the stages; ``backend.py`` runs the hot ones as exported graphs.
+"""
+
+from pathlib import Path
+
+from talkloop.pipeline.models.spec import FamilySpec, SizeRule
+
+SPEC = FamilySpec(
+    name="studio",
+    package=__name__,
+    summary="the synthetic characters",
+    # VAE x8, the A2V works at half the latent resolution with patch 2: multiples of 32.
+    size_rule=SizeRule(32, 64, 1024),
+    native_sizes=((256, 256),),
+    block_modules=("a2v", "sr"),
+    # Live calls: 5-frame chunks without I chunks and 2 Euler steps, the shortest chunks that keep
+    # up on a 2-core CPU (docs/benchmarks.md has the measurements behind each choice).
+    live_schedule={"first_len": 2, "n_len": 5, "i_len": 0, "ctx_len": 2},
+    live_sampler={"steps": 2},
+    weights=Path(__file__).parent / "weights",
+    trainer="talkloop.pipeline.models.studio.cli:train",
+    evaluator="talkloop.pipeline.models.studio.cli:evaluate_cli",
+)

@@ -18,6 +18,7 @@ from torch import nn
 
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.studio import SPEC
 from talkloop.pipeline.models.studio.a2v import A2VConfig, A2VDiT
 from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
 from talkloop.pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
@@ -139,7 +140,7 @@ STUDIO_MODULES = {
     "mouth": "mouth",
 }
 
-INSTALLED_WEIGHTS = Path(__file__).parent / "weights"
+INSTALLED_WEIGHTS = SPEC.weights
 INIT_SEED = 0  # random-weight runs are reproducible: the weights never depend on the noise seed
 
 
@@ -235,26 +236,10 @@ DEFAULT_REFERENCE = Path(__file__).parent / "default_reference.png"
 DEFAULT_REFERENCE_SEED = 21
 
 
-# Live calls (`talkloop serve`) trade throughput for latency: short N chunks (a chunk's audio must
-# be heard before it is generated, and the playout delay is two chunks plus the look-ahead plus
-# 40 ms, see agent.session.default_playout_s). `talkloop bench --live`, 30 s calls with the
-# trained model at 2 steps on the 2-core CPU, back to back: 6-frame chunks at 500 ms:
-# glass-to-glass p50 565 / p95 606 ms, 8% late frames (in-server rtf 0.83); 5-frame chunks at
-# 480 ms: p50 543 / p95 572 ms, 9% late (rtf 0.92). 4-frame chunks (400 ms) reach p95 ~520 ms but
-# their in-server rtf (0.85-1.15 as this VM's speed drifts) leaves 5-40% of frames late.
-# No I chunks live: at 5-frame chunks an I chunk redoes 2 frames of every 5 in one Euler step,
-# and that made both lip sync and seams worse, not better (`talkloop eval` scoring on 4 held-out
-# clips with this schedule, openvino: lipsync_corr 0.537 and seam_ratio 1.128 with I chunks of
-# i_len 2 at 1 step; 0.720 and 1.007 without), while costing about a tenth of the generation.
-LIVE_SCHEDULE = {"first_len": 2, "n_len": 5, "i_len": 0, "ctx_len": 2}
-# Fewer Euler steps live: with short chunks the per-call cost dominates, and 4 steps do not keep
-# up with real time on a 2-core CPU next to the WebRTC encoder (measured with `talkloop bench
-# --live`: rtf 1.06 at 4/2 steps, generation alone 0.74; at 2/1 steps 0.53). A third step adds
-# nothing measurable here (lipsync_corr 0.721 at 3 steps, 0.720 at 2, seam_ratio 1.012 / 1.007).
-LIVE_SAMPLER = {"steps": 2}
-
-# The size the shipped weights were trained at; others run, with softer or distorted faces.
-NATIVE_SIZES = ((256, 256),)
+# The spec's live schedule, sampler and native sizes under the names the family's code uses.
+LIVE_SCHEDULE = dict(SPEC.live_schedule)
+LIVE_SAMPLER = dict(SPEC.live_sampler)
+NATIVE_SIZES = SPEC.native_sizes
 
 
 def default_reference() -> Path:

@@ -1,0 +1,120 @@
+"""The model families a process knows: one :class:`FamilySpec` each, and the default family.
+
+A family is a package whose ``__init__.py`` defines ``SPEC``, a :class:`FamilySpec` (plain data,
+no heavy imports, so that validating a config or building the command line loads no network),
+and whose ``family.py`` implements the contract of :mod:`talkloop.pipeline.models.registry`.
+Every package under ``talkloop/pipeline/models/`` with a ``SPEC`` is found by itself; a family
+that lives elsewhere joins with :func:`register`. Everything that lists or checks families (the
+CLI's choices, config validation, batch manifests, train and eval) asks here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+DEFAULT_FAMILY = "portrait"
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """The frame sizes a family can make: a multiple of ``step`` from ``low`` to ``high``."""
+
+    step: int
+    low: int
+    high: int
+
+    def check(self, side: int) -> str | None:
+        """None if ``side`` suits the rule, else what is wrong with it."""
+        if side % self.step or not self.low <= side <= self.high:
+            return f"use a multiple of {self.step} between {self.low} and {self.high}"
+        return None
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What the framework knows of a family without loading it.
+
+    Args:
+        name: ``model.family`` / ``--family``.
+        package: the importable package holding ``family.py``.
+        summary: one line for ``--help``.
+        size_rule: the frame sizes it can make.
+        native_sizes: the (width, height) sizes its shipped weights were made for; the first is
+            its default size.
+        block_modules: modules with transformer blocks (a ``.blocks`` ModuleList): only these
+            can be offloaded or sharded per block.
+        live_schedule: chunk schedule overrides of live calls (``ScheduleConfig`` fields).
+        live_sampler: sampler overrides of live calls (``SamplerConfig`` fields).
+        weights: the folder its shipped weights are in (absent in a stripped install: the
+            family's ``installed_weights()`` says whether they are there).
+        trainer: ``module:function`` of ``talkloop train --family NAME`` (None: not trainable).
+        evaluator: ``module:function`` of ``talkloop eval --family NAME`` (None: no evaluation).
+    """
+
+    name: str
+    package: str
+    summary: str
+    size_rule: SizeRule
+    native_sizes: tuple[tuple[int, int], ...]
+    block_modules: tuple[str, ...] = ()
+    live_schedule: Mapping[str, int] = field(default_factory=dict)
+    live_sampler: Mapping[str, int] = field(default_factory=dict)
+    weights: Path | None = None
+    trainer: str | None = None
+    evaluator: str | None = None
+
+
+_SPECS: dict[str, FamilySpec] = {}
+_found = False
+
+
+def _discover() -> None:
+    global _found
+    if _found:
+        return
+    for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if info.ispkg:
+            spec = getattr(importlib.import_module(f"{__package__}.{info.name}"), "SPEC", None)
+            if isinstance(spec, FamilySpec):
+                _SPECS.setdefault(spec.name, spec)
+    _found = True
+
+
+def register(spec: FamilySpec) -> None:
+    """Make the family ``spec`` describes known to this process (a package outside this one)."""
+    _discover()
+    if spec.name in _SPECS and _SPECS[spec.name] != spec:
+        raise ValueError(f"a model family named {spec.name!r} is already registered")
+    _SPECS[spec.name] = spec
+
+
+def unregister(name: str) -> None:
+    """Forget a family added by :func:`register` (tests)."""
+    _SPECS.pop(name, None)
+
+
+def family_names() -> tuple[str, ...]:
+    """The known families, the default first."""
+    _discover()
+    return tuple(sorted(_SPECS, key=lambda n: (n != DEFAULT_FAMILY, n)))
+
+
+def specs() -> Mapping[str, FamilySpec]:
+    _discover()
+    return MappingProxyType(_SPECS)
+
+
+def get_spec(name: str) -> FamilySpec:
+    """The spec of family ``name``. Raises ValueError naming the known ones."""
+    _discover()
+    try:
+        return _SPECS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown model family {name!r}: use one of {', '.join(family_names())}"
+        ) from None
