@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -115,9 +116,9 @@ def finish_modules(modules: dict[str, Module], config: TalkloopConfig) -> dict[s
 def choose_dtype(modules: dict[str, Module], config: TalkloopConfig) -> str:
     """``model.dtype``, or for ``auto`` the faster of float32 and bfloat16 for this family here.
 
-    The probe is the family's own work: a session of ``config`` (its schedule and frame size)
-    on the default avatar, its first chunk and one N chunk, run with the float32 modules and
-    with a bf16 copy (:func:`talkloop.pipeline.backends.select.resolve_dtype` times them once
+    The probe is the family's own work: the chunks of a session of ``config`` (its schedule
+    and frame size) on the default avatar, its first chunk and two N chunks (the session's
+    opening left out), run with the float32 modules and with a bf16 copy (:func:`talkloop.pipeline.backends.select.resolve_dtype` times them once
     per machine, weights and shapes, and caches the choice). With an exported backend
     (``onnxruntime``, ``openvino``) the hot networks are float32 graphs and ``auto`` is float32.
 
@@ -145,7 +146,7 @@ def _dtype_probes(
 
     reference = load_reference(config, None)
     s, fps = config.schedule, config.video.fps
-    seconds = (s.first_len + s.n_len) / fps
+    seconds = (s.first_len + 2 * s.n_len) / fps  # N0 and two N chunks
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(int(seconds * config.audio.sample_rate))).astype(np.float32)
     probes: dict[str, Callable[[], object]] = {}
@@ -161,13 +162,24 @@ def _dtype_probes(
 
 
 class SessionProbe:
-    """One timed probe: a session of ``pipeline`` rendering ``audio`` with no sinks."""
+    """One probe: a session of ``pipeline`` with no sinks, given all of ``audio`` at once; the
+    seconds its chunks took (opening it, the reference and the prompt, are left out: they run
+    once a session, the chunks all along)."""
 
     def __init__(self, pipeline: Pipeline, reference: np.ndarray, audio: np.ndarray) -> None:
         self.pipeline, self.reference, self.audio = pipeline, reference, audio
 
-    def __call__(self) -> None:
-        self.pipeline.open_session(self.reference, "", (), seed=0).render([self.audio])
+    def __call__(self) -> float:
+        session = self.pipeline.open_session(self.reference, "", (), seed=0)
+        try:
+            session.push_audio(self.audio)
+            session.end_audio()
+            t0 = time.perf_counter()
+            while session.step():
+                pass
+            return time.perf_counter() - t0
+        finally:
+            session.close()
 
 
 def module_config(folder: Path, name: str) -> dict:
