@@ -97,3 +97,47 @@ async def advance(avatar, clock, seconds: float, step: float = 0.01) -> None:
     for _ in range(int(round(seconds / step))):
         clock.advance(step)
         await settle(avatar)
+
+
+# -- what a receiver can check without a clock ---------------------------------------------------
+#
+# A call's timing on a shared machine is nobody's business in a test (`talkloop bench --live`
+# measures it). What is exact whatever the speed: the media timestamps a peer receives, the order
+# of events, and which generated frame a received picture shows (tests/rtc/scenarios/common.py).
+
+
+def on_frame_grid(video_pts: list[int], fps: int = 25, clock: int = 90000) -> bool:
+    """Received RTP video timestamps: each frame a later frame slot than the one before. A paced
+    sender sends each frame at its own media time; one that falls behind skips slots, and never
+    sends a slot twice or off the frame grid."""
+    d = np.diff(np.asarray(video_pts, dtype=np.int64))
+    return len(video_pts) > 0 and bool(np.all((d > 0) & (d % (clock // fps) == 0)))
+
+
+def contiguous_audio(audio_pts: list[int], block: int = 960) -> bool:
+    """Received audio timestamps: every 20 ms block (960 samples at 48 kHz) from the first to the
+    last, none missing, none repeated (the avatar's audio never skips, however late video is)."""
+    d = np.diff(np.asarray(audio_pts, dtype=np.int64))
+    return len(audio_pts) > 0 and bool(np.all(d == block))
+
+
+def speech_and_pauses(
+    index: list[int],
+    driving_rms: list[float | None],
+    loud: float = 0.02,
+    quiet: float = 0.002,
+    margin: int = 8,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Masks over ``index`` (generated frame numbers): speech, the frame's own driving audio is
+    loud; pause, it and every generated frame within ``margin`` frames of it are quiet (away from
+    where speech starts and ends, which a mouth anticipates and follows). ``driving_rms[k]`` is
+    frame k's (None: never generated, a chunk skipped to catch up: its audio is not known and
+    not held against its neighbours)."""
+    rms = np.array([np.nan if v is None else v for v in driving_rms], dtype=np.float64)
+    idx = np.asarray(index, dtype=np.int64)
+    speech = rms[idx] > loud
+    pause = np.array(
+        [np.all(np.nan_to_num(rms[max(0, k - margin) : k + margin + 1]) < quiet) for k in idx],
+        dtype=bool,
+    )
+    return speech, pause

@@ -11,6 +11,7 @@ import contextlib
 import json
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING
@@ -106,11 +107,15 @@ async def run_call(
     read_stamps: bool = False,
     configuration: RTCConfiguration | None = None,
     keep_audio: bool = False,
+    until: Callable[[CallResult], bool] | None = None,
 ) -> CallResult:
     """Open a session at ``url`` (ws://host:port/ws), call for ``seconds``, hang up.
 
     ``configuration``: this peer's ICE servers and transport policy (None: aiortc's default).
     ``keep_audio``: keep the decoded audio (``CallResult.audio``, mono float at ``audio_rate``).
+    ``until``: looked at every 0.1 s with what has arrived so far; the call hangs up as soon as
+    it returns True (``seconds`` is then the longest the call lasts). Tests use it to call until
+    enough has arrived, however slow the machine is.
     """
     result = CallResult()
     pc = RTCPeerConnection(configuration)
@@ -185,7 +190,12 @@ async def run_call(
         receiver = asyncio.ensure_future(receive())
         if say:
             await ws.send(json.dumps({"type": "say", "text": say}))
-        await asyncio.sleep(seconds)
+        if until is None:
+            await asyncio.sleep(seconds)
+        else:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and not until(result):
+                await asyncio.sleep(0.1)
         if pc.remoteDescription is not None:
             result.codec = negotiated_video_codec(pc.remoteDescription.sdp)
         await ws.send(json.dumps({"type": "bye"}))

@@ -94,6 +94,11 @@ def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeli
     assert [f.pts for _, f in audio] == [960 * k for k in range(len(audio))]
     assert not any(f.held for _, f in video)  # generation kept up: no repeated frames
     assert avatar.overrun_frames == 0
+    # the sender's A/V offset (what RTCP reports carry to a receiver's lip sync): both outputs
+    # handed their frames on within one clock step of their media time, so within one step of
+    # each other (the live call in tests/rtc/test_call.py measures it, never judges it)
+    offset = avatar.stats()["av_offset_ms"]
+    assert offset is not None and abs(offset) < 10 + 1e-6
     # the same audio comes back at full band: the segment's samples, in order, from playout;
     # at 48 kHz untouched, from other rates resampled once
     seg = [f for _, f in audio if f.segment_id == 0]

@@ -55,6 +55,7 @@ async def main() -> None:
     emit(
         {
             **r.summary(),
+            "video_pts": r.video_pts,
             "agent_rc": proc.returncode,
             "agent_stderr": err.decode()[-2000:],
             "events": events,

@@ -84,7 +84,7 @@ def main() -> None:
         note("front up; calling")
         mic = np.zeros(16000 * int(args.seconds + 5), np.float32)
         call = asyncio.run(run_call(f"ws://{FRONT}:{FRONT_PORT}/ws", args.seconds, mic=mic))
-        result["call"] = call.summary()
+        result["call"] = {**call.summary(), "video_pts": call.video_pts}
         result["session"] = call.session
         result["stats"] = call.stats[-1] if call.stats else {}
     finally:

@@ -1,12 +1,17 @@
 """A page call (silent microphone) and an agent on its token that sends ~3 s of speech ahead of
-playback (4x real time, as a TTS agent does): how late the speech starts and how far apart sound
-and picture are while it plays, from the server's `stats` and at the receiver.
+playback (4x real time, as a TTS agent does): where in the media the speech starts and how long
+it is heard, from the audio the page receives, by media timestamp.
 
-Prints RESULT with: ``start_delay_s`` (segment sent -> playback_started at the agent),
-``audible_delay_s`` (segment sent -> first loud audio frame at the page), ``stats_av_offset_ms``
-(the page's `stats` messages during and after the speech), ``rx_av_offsets_ms`` (receiver-side
-video minus audio offset per video frame received while the speech played, as call.py computes
-them) and the media time between the first loud audio frame and the agent's send.
+The server runs in this process: when the agent's first audio is pushed, the driving audio's
+production front is noted (``front_out``, as an output sample): the speech must start there,
+not queued behind anything (a suspected defect started such speech 2-4.7 s late). The page's
+audio track starts at media sample 0, so a received block's place is its pts offset.
+
+Prints RESULT with: ``start_media_delay_s`` (first loud block at the page minus the front, media
+seconds), ``audible_media_s`` (first to last loud block, media seconds), the agent's messages,
+and, measured for a look only (no test judges timings): ``start_delay_s`` (segment sent ->
+playback_started at the agent, wall clock), ``stats_av_offset_ms`` (the page's `stats`
+messages) and receiver-side A/V offsets (``rx_av_offset_ms_*``, as call.py computes them).
 """
 
 from __future__ import annotations
@@ -142,6 +147,19 @@ async def main() -> None:
     speech = load_audio(HELLO_WAV, args.rate)
     speech = np.tile(speech, int(np.ceil(args.speech_s * args.rate / len(speech))))
     speech = speech[: int(args.speech_s * args.rate)]
+    fronts: list[int] = []
+
+    def watch(call) -> None:  # the production front when the agent's first audio is pushed
+        avatar, push = call.avatar, call.avatar.push_audio
+
+        def push_audio(*a, **kw):
+            if not fronts:
+                fronts.append(avatar.driver.out_index(avatar.driver.samples))
+            return push(*a, **kw)
+
+        avatar.push_audio = push_audio
+
+    server.on_call = watch
     page: dict = {}
     ag: dict = {}
     hangup = asyncio.Event()
@@ -170,8 +188,19 @@ async def main() -> None:
     first_loud = loud[0] if loud else None
     last_loud = loud[-1] if loud else None
     rx = rx_offsets_ms(page, first_loud, last_loud) if loud else []
+    at = np.array(page["audio_pts"]) - page["audio_pts"][0]
+    loud_at = at[np.array(page["audio_rms"]) > LOUD_RMS]
+    rate = page["audio_rate"]
     emit(
         {
+            "front_out": fronts[0] if fronts else None,
+            "start_media_delay_s": (
+                float(loud_at[0] - fronts[0]) / rate if fronts and loud_at.size else None
+            ),
+            "audible_media_s": (
+                float(loud_at[-1] + rate // 50 - loud_at[0]) / rate if loud_at.size else None
+            ),
+            "audio_pts": page["audio_pts"],
             "start_delay_s": None if started is None else started - sent,
             "finish_delay_s": None if finished is None else finished - sent,
             "audible_delay_s": None if first_loud is None else first_loud - sent,

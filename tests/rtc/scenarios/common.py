@@ -6,15 +6,21 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/ for conftest helpers
 
+from talkloop.pipeline.core.clock import frame_start_sample  # noqa: E402
 from talkloop.pipeline.core.config import build_config  # noqa: E402
+from talkloop.pipeline.core.graph import default_phases  # noqa: E402
 from talkloop.pipeline.core.pipeline import Pipeline  # noqa: E402
+from talkloop.pipeline.core.stage import Stage, StageContext  # noqa: E402
 from talkloop.rtc.app import live_config_dict  # noqa: E402
 from talkloop.rtc.call import CallConfig  # noqa: E402
 from talkloop.rtc.server import AvatarServer  # noqa: E402
+from talkloop.rtc.tracks import read_stamp, stamp_bits  # noqa: E402
 
-from support import make_reference, tiny_config  # noqa: E402
+from support import make_reference, speech_and_pauses, tiny_config  # noqa: E402
 
 HOST = "127.0.0.2"
 
@@ -55,3 +61,133 @@ async def start_server(pipeline: Pipeline, **kw) -> tuple[AvatarServer, str]:
 
 def emit(result: dict) -> None:
     print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- which generated frame a received frame shows ------------------------------------------------
+#
+# A live sender repeats the last frame when the next one is not ready (late, withheld), and skips
+# frame slots it could not send in time, so neither arrival times nor RTP timestamps say which
+# generated frame a received picture is. These helpers paint each generated frame's index into
+# it (the latency stamp's blocks, so a call that uses them must not also stamp latencies) and
+# record, per index, the driving audio it was made from: a receiver then pairs what it saw with
+# what was said by media position, however late or busy the machine was.
+
+
+class FrameNumberStage(Stage):
+    """Publish phase, last: paints frame ``segment_start + i`` 's index into frame ``i``."""
+
+    name = "frame_number"
+    reads = ("frames", "segment_start")
+    writes = ("frames",)
+
+    def run(self, ctx: StageContext) -> None:
+        frames, first = ctx.read("frames"), ctx.read("segment_start")
+        ctx.write("frames", np.stack([stamp_bits(f, first + i) for i, f in enumerate(frames)]))
+
+
+def numbered(pipeline: Pipeline) -> Pipeline:
+    """The same pipeline (shared modules) with ``FrameNumberStage`` after its publish stages."""
+    phases = default_phases(pipeline.config)
+    phases["publish"].stages = [*phases["publish"].stages, FrameNumberStage()]
+    return Pipeline(pipeline.config, pipeline.modules, phases)
+
+
+def frame_numbers(frames: list[np.ndarray]) -> list[int | None]:
+    """The generated frame index each received frame shows (None: unnumbered, e.g. the idle
+    frame before the first generated one)."""
+    return [read_stamp(f) for f in frames]
+
+
+class Sightings:
+    """Follows a call's received frames while it runs, as ``run_call``'s ``until``: which
+    generated frame each shows; for the first sighting of each, ``keep(frame)`` is stored in
+    ``first``. Pictures it has looked at are dropped from the CallResult, so a long call holds
+    none. The call may end once the first ``plan_frames`` frames were generated (or skipped) and
+    at least ``want`` speech and ``want`` pause frames (support.speech_and_pauses) have reached
+    the client: a slow server makes the call longer, never the evidence thinner."""
+
+    GONE = np.zeros((1, 1, 3), np.uint8)  # stands in for a picture already looked at
+
+    def __init__(self, audio: FrameAudio, keep, plan_frames: int, want: int) -> None:
+        self.audio, self.keep, self.plan_frames, self.want = audio, keep, plan_frames, want
+        self.first: dict[int, object] = {}
+        self.looked = self.unnumbered = self.repeats = 0
+        self.shape: list[int] | None = None  # of the received pictures
+
+    def __call__(self, result) -> bool:
+        frames = result.frames
+        while self.looked < len(frames):
+            frame = frames[self.looked]
+            frames[self.looked] = self.GONE
+            self.looked += 1
+            self.shape = self.shape or list(frame.shape)
+            k = read_stamp(frame)
+            if k is None:
+                self.unnumbered += 1
+            elif k in self.first:
+                self.repeats += 1
+            elif k in self.audio.rms:
+                self.first[k] = self.keep(frame)
+        return self.enough()
+
+    def index(self) -> list[int]:
+        return sorted(self.first)
+
+    def enough(self) -> bool:
+        rms = self.audio.rms.copy()  # written by the generation thread
+        if not self.first or max(rms) < self.plan_frames:
+            return False
+        speech, pause = speech_and_pauses(self.index(), self.audio.driving_rms())
+        return speech.sum() >= self.want and pause.sum() >= self.want
+
+
+class FrameAudio:
+    """A mirror (a Sink) that keeps, per generated frame index, the RMS of the driving audio the
+    frame was made from (its own 1/fps of the session's full-band audio). Never blocks."""
+
+    def __init__(self) -> None:
+        self.rms: dict[int, float] = {}
+        self.fps, self.rate = 25, 48000
+
+    def open(self, info) -> None:
+        self.fps, self.rate = info.fps, info.sample_rate
+
+    def write(self, video, audio) -> None:
+        for i in range(video.frames.shape[0]):
+            j = video.first_index + i
+            lo = frame_start_sample(j, self.fps, self.rate) - audio.first_sample
+            hi = frame_start_sample(j + 1, self.fps, self.rate) - audio.first_sample
+            block = audio.samples[max(0, lo) : max(0, hi)]
+            self.rms[j] = float(np.sqrt(np.mean(block**2))) if block.size else 0.0
+
+    def driving_rms(self) -> list[float | None]:
+        """Per frame index from 0: its RMS (None: never generated, a chunk skipped)."""
+        rms = self.rms.copy()
+        return [rms.get(k) for k in range(max(rms, default=-1) + 1)]
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+
+# -- the mouth of a portrait, read from the pixels ---------------------------------------------
+
+
+def mouth_box(frame: np.ndarray, pad: int = 6) -> tuple[slice, slice]:
+    """The lips' bounding box (corners, upper and lower lip midpoints) of the face in ``frame``,
+    found with the portrait family's own landmark model, plus ``pad`` pixels."""
+    from talkloop.pipeline.models.portrait.face import detect_faces, face_landmarks
+
+    faces = detect_faces(frame)
+    if not faces:
+        raise AssertionError("no face found in the received frame")
+    lips = face_landmarks(frame, faces[0])[[61, 291, 0, 17], :2]
+    (x0, y0), (x1, y1) = lips.min(0).astype(int) - pad, lips.max(0).astype(int) + pad
+    return slice(max(0, y0), y1), slice(max(0, x0), x1)
+
+
+def cavity_share(frame: np.ndarray, box: tuple[slice, slice], dark: float = 70.0) -> float:
+    """Mouth opening as the share of dark (cavity) pixels in ``box``."""
+    return float((frame[box].astype(np.float32).mean(-1) < dark).mean())

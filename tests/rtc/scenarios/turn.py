@@ -64,6 +64,7 @@ async def main() -> None:
     emit(
         {
             **r.summary(),
+            "video_pts": r.video_pts,
             "session_ice": r.session.get("ice"),
             "pair": seen.get("pair"),
             "allocations": allocations,
