@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up talkloop in ./.venv: system packages (as root, with apt-get), the CPU build of
-# PyTorch, then the project. `--test` adds the test dependencies, Chromium, Firefox ESR and coturn.
+# PyTorch, then the project. `--test` adds the test dependencies, Chromium, Firefox ESR, coturn,
+# docker.io and debootstrap.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
@@ -14,6 +15,10 @@ if [ -n "$extras" ]; then
   [ -x /usr/bin/firefox-esr ] || need+=(firefox-esr)
   # The TURN tests relay calls through a real coturn, started on loopback addresses only.
   command -v turnserver >/dev/null 2>&1 || need+=(coturn)
+  # The container test builds the image on a dockerd of its own (Debian's: by path, not PATH)
+  # from a debootstrapped base.
+  [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] || need+=(docker.io)
+  [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
