@@ -113,6 +113,10 @@ def finish_modules(modules: dict[str, Module], config: TalkloopConfig) -> dict[s
     return modules
 
 
+# Part of dtype auto's cache key: bump when what the probe times changes.
+DTYPE_PROBE = "session-chunks-v1"
+
+
 def choose_dtype(modules: dict[str, Module], config: TalkloopConfig) -> str:
     """``model.dtype``, or for ``auto`` the faster of float32 and bfloat16 for this family here.
 
@@ -133,7 +137,7 @@ def choose_dtype(modules: dict[str, Module], config: TalkloopConfig) -> str:
     if m.dtype == "auto" and m.backend not in ("auto", "torch"):
         return "float32"  # the exported graphs compute in float32 (decoder int8) whatever we pick
     weights = ",".join(f"{n}:{weights_hash(mod.net)}" for n, mod in sorted(modules.items()))
-    identity = f"{m.family}:{weights}:{schedule_key(config)}"
+    identity = f"{m.family}:{weights}:{schedule_key(config)}:{DTYPE_PROBE}"
     return resolve_dtype(m.dtype, m.device, identity, lambda c: _dtype_probes(modules, config, c))
 
 
