@@ -253,3 +253,26 @@ def test_studio_auto_probes_networks_that_compute_in_bf16(cache) -> None:
     assert runtime["backend"] in available_backends()
     (saved,) = cache.glob("auto-*.json")
     assert set(json.loads(saved.read_text())["probe_s"]) == set(available_backends())
+
+
+@pytest.mark.skipif(not EXPORTED, reason="needs onnxruntime or openvino")
+def test_graphs_are_exported_from_the_float32_weights_when_torch_computes_in_bf16(cache) -> None:
+    """In bf16 the torch side's weights are cast down; the graphs still get the exact float32
+    weights (cast down and back up they would have lost their low bits)."""
+    import torch
+
+    from talkloop.pipeline.models.registry import load_modules
+    from talkloop.pipeline.models.studio.backend import exported_nets
+
+    from support import tiny_config
+
+    reference = load_modules(tiny_config(model={"dtype": "float32"}))
+    nets = {n: m.net for n, m in reference.items()}
+    modules = load_modules(tiny_config(model={"dtype": "bfloat16", "backend": EXPORTED[0]}))
+    assert modules["audio_encoder"].compute_dtype == "bfloat16"
+    exported = exported_nets({n: m.net for n, m in modules.items()})
+    for name, net in exported_nets(nets).items():
+        want, got = net.state_dict(), exported[name].state_dict()
+        assert want.keys() == got.keys()
+        for key, value in want.items():
+            assert got[key].dtype == torch.float32 and torch.equal(got[key], value), (name, key)

@@ -320,7 +320,22 @@ class DecoderForward:
         return cells_to_frames(self.graph(x))
 
 
-def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig, dtype: str) -> str:
+def exported_nets(nets: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """The networks an exported backend runs as graphs, by name."""
+    return {
+        "a2v": nets["a2v"],
+        "sr": nets["sr"],
+        "mouth": nets["mouth"],
+        "decoder": nets["vae"].decoder,
+    }
+
+
+def use_backend(
+    nets: dict[str, nn.Module],
+    config: TalkloopConfig,
+    dtype: str,
+    float32_weights: dict[str, dict[str, Tensor]] | None = None,
+) -> str:
     """Resolve ``model.backend`` (``auto`` is timed once per machine, then cached), attach it
     and compile the graphs ``config``'s sessions run.
 
@@ -328,6 +343,8 @@ def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig, dtype: str) 
         nets: the family's networks, loaded, in their compute dtype.
         config: the root config (model.backend, model.device, the schedule and frame size).
         dtype: that compute dtype (``model.dtype`` resolved): what torch's probe runs in.
+        float32_weights: the :func:`exported_nets`' float32 state dicts from before a bf16
+            cast, which the graphs are then exported from (None: the nets' own, cast up).
     Returns:
         The backend the hot networks now run on.
     """
@@ -342,9 +359,10 @@ def use_backend(nets: dict[str, nn.Module], config: TalkloopConfig, dtype: str) 
     backend = resolve_backend(m.backend, m.device, identity, probes)
     if backend != "torch":
         # The graphs are float32 (decoder int8) whatever the torch dtype: export from float32.
-        for n in ("a2v", "sr", "mouth"):
-            nets[n].float()
-        nets["vae"].decoder.float()
+        for name, net in exported_nets(nets).items():
+            net.float()
+            if float32_weights is not None:
+                net.load_state_dict(float32_weights[name])
         graph_threads()  # the graphs keep the threads torch has now
         attach_backend(nets, backend)
         warm_up(nets, config)
