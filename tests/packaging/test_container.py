@@ -307,7 +307,7 @@ def test_serve_healthy_as_non_root(daemon: Daemon, image: str) -> None:
     cid = daemon.docker("run", "-d", "--network", "host", *env, image).stdout.strip()
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600  # a bound against a hang only, not a speed judged
         while True:
             state = json.loads(daemon.docker("inspect", cid).stdout)[0]["State"]
             assert state["Running"], daemon.docker("logs", cid).stderr[-3000:]
@@ -316,7 +316,7 @@ def test_serve_healthy_as_non_root(daemon: Daemon, image: str) -> None:
                     break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, "no /healthz within 180 s"
+            assert time.monotonic() < deadline, "the server never answered /healthz (hung?)"
             time.sleep(0.5)
         status, ctype, body = get(f"{base}/")
         assert status == 200 and ctype.startswith("text/html") and b'src="app.js"' in body
@@ -329,7 +329,7 @@ def test_serve_healthy_as_non_root(daemon: Daemon, image: str) -> None:
         owners = daemon.docker("exec", cid, "stat", "-c", "%u", *folders).stdout.split()
         assert owners == ["10001"] * 3, owners
         # HEALTHCHECK: first probe 15 s after the start, healthy on its first success.
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 600  # a bound against a hang only
         while (health := state["Health"]["Status"]) != "healthy":
             assert health != "unhealthy" and time.monotonic() < deadline, state["Health"]
             time.sleep(1)

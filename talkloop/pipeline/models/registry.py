@@ -134,7 +134,9 @@ def choose_dtype(modules: dict[str, Module], config: TalkloopConfig) -> str:
     from talkloop.pipeline.backends.select import resolve_dtype, schedule_key
 
     m = config.model
-    if m.dtype == "auto" and m.backend not in ("auto", "torch"):
+    if m.dtype != "auto":
+        return m.dtype  # (no weights hash for a choice that is not measured)
+    if m.backend not in ("auto", "torch"):
         return "float32"  # the exported graphs compute in float32 (decoder int8) whatever we pick
     weights = ",".join(f"{n}:{weights_hash(mod.net)}" for n, mod in sorted(modules.items()))
     identity = f"{m.family}:{weights}:{schedule_key(config)}:{DTYPE_PROBE}"

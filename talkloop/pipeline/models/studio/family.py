@@ -199,10 +199,12 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
 
     # An exported backend's graphs are made from these float32 weights, whatever dtype torch
     # then computes in (cast to bf16 and back they would have lost their low bits).
-    float32 = {
-        n: {k: v.clone() for k, v in net.state_dict().items()}
-        for n, net in exported_nets(nets).items()
-    }
+    float32 = None
+    if m.backend != "torch":  # torch alone exports nothing
+        float32 = {
+            n: {k: v.clone() for k, v in net.state_dict().items()}
+            for n, net in exported_nets(nets).items()
+        }
     finish_modules(modules, config)
     use_backend(nets, config, modules["a2v"].compute_dtype or "float32", float32)
     return modules
