@@ -36,7 +36,7 @@ from talkloop.pipeline.cluster.batch import run_batch  # noqa: E402
 from talkloop.pipeline.cluster.connect import SLOT  # noqa: E402
 from talkloop.pipeline.cluster.manifest import read_manifest  # noqa: E402
 from talkloop.pipeline.core.config import build_config  # noqa: E402
-from talkloop.pipeline.core.pipeline import Pipeline  # noqa: E402
+from talkloop.pipeline.models.registry import build_pipeline  # noqa: E402
 from talkloop.rtc.app import live_config_dict  # noqa: E402
 from talkloop.rtc.call import CallConfig  # noqa: E402
 from talkloop.rtc.call_host import HostSpec  # noqa: E402
@@ -122,7 +122,7 @@ def main() -> None:
     figures: dict = {}
     config = live_config()
     single = AvatarServer(
-        Pipeline.from_config(build_config(**config)),
+        build_pipeline(build_config(**config)),
         make_reference(SIZE, SIZE),
         "",
         CallConfig(),

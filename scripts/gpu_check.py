@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from talkloop.pipeline.models.registry import build_pipeline
+
 
 def fail(msg: str) -> None:
     print(f"gpu_check: {msg}", file=sys.stderr)
@@ -48,7 +50,6 @@ def copy_bandwidth(ops, nbytes: int, repeats: int = 10) -> dict[str, float]:
 def run(placement: str, seconds: float) -> dict:
     from talkloop.pipeline.bench.worker import bench_reference, looped_speech
     from talkloop.pipeline.core.config import TalkloopConfig, VideoConfig, build_config
-    from talkloop.pipeline.core.pipeline import Pipeline
     from talkloop.pipeline.models.registry import load_modules
     from talkloop.pipeline.offload.offloaded import BlockOffloader
 
@@ -65,7 +66,7 @@ def run(placement: str, seconds: float) -> dict:
     load_s = time.perf_counter() - t_load
     offloaders = [m.runtime for m in modules.values() if isinstance(m.runtime, BlockOffloader)]
     ops = offloaders[0].ops if offloaders else None
-    pipeline = Pipeline(config, modules)
+    pipeline = build_pipeline(config, modules)
     from talkloop.pipeline.offload.device import make_ops
 
     cuda = make_ops("cuda")

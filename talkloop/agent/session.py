@@ -217,7 +217,7 @@ class AvatarSession:
         # when closed.
         await loop.run_in_executor(self.executor, self.session.close)
         # Drop references so tensors, frames and audio buffers are freed now, not at GC time.
-        self.session.state = type(self.session.state)()
+        self.session.state.clear()
         self._pending = None
         self.listeners.clear()
 

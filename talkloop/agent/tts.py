@@ -1,7 +1,7 @@
 """Built-in text to speech: espeak-ng through its library, streamed as it is synthesised.
 
 Synthesis runs on a worker thread (espeak is synchronous and process-global, see
-``talkloop/pipeline/studio/espeak.py``); each chunk of about 50 ms reaches the event loop as soon as espeak
+``talkloop/pipeline/audio/espeak.py``); each chunk of about 50 ms reaches the event loop as soon as espeak
 makes it, so the avatar starts speaking after the first chunk, not after the whole text.
 Cancelling the consumer stops the synthesis at the next chunk. Synthesis never waits for the
 consumer: espeak is process-global and serialised by a lock, so pausing one utterance would hold
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from talkloop.agent.frames import AudioFrame
 from talkloop.agent.text import check_text
-from talkloop.pipeline.studio.espeak import ESPEAK_RATE, engine
+from talkloop.pipeline.audio.espeak import ESPEAK_RATE, engine
 
 
 class TTSOptions(BaseModel):

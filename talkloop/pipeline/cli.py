@@ -7,109 +7,18 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from talkloop.pipeline.args import (
+    add_model_args,
+    add_video_args,
+    config_from_args,
+    parse_size,
+    size_help,
+)
 from talkloop.pipeline.core.errors import ConfigError, TalkloopError
-from talkloop.pipeline.models.spec import DEFAULT_FAMILY, family_names, get_spec, specs
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """'256' or '320x256' (width x height)."""
-    parts = text.lower().split("x")
-    try:
-        nums = [int(p) for p in parts]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"size must look like 256 or 320x256, got {text!r}"
-        ) from None
-    if len(nums) == 1:
-        return nums[0], nums[0]
-    if len(nums) == 2:
-        return nums[0], nums[1]
-    raise argparse.ArgumentTypeError(f"size must look like 256 or 320x256, got {text!r}")
-
-
-def size_help() -> str:
-    """The help of --size: each family's size rule and default size (its spec)."""
-    rules = []
-    for name, fam in specs().items():
-        r, (w, h) = fam.size_rule, fam.native_sizes[0]
-        rules.append(f"{name}: multiples of {r.step} from {r.low} to {r.high}, default {w}x{h}")
-    return (
-        "512 or WxH ("
-        + "; ".join(rules)
-        + "). Other sizes run, but the weights were not trained for them: expect a degraded, "
-        "less animated face (a warning says so; README, Sizes)"
-    )
-
-
-def add_video_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--size",
-        type=parse_size,
-        default=None,
-        help=size_help(),
-    )
-    p.add_argument("--fps", type=int, default=25)
-    p.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
-    p.add_argument("--seed", type=int, default=0)
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument(
-        "--family",
-        choices=family_names(),
-        default=DEFAULT_FAMILY,
-        help="; ".join(f"{name}: {fam.summary}" for name, fam in specs().items()),
-    )
-    g.add_argument("--weights", type=Path, help="checkpoint folder (default: installed weights)")
-    g.add_argument(
-        "--untrained", action="store_true", help="random weights (no face: tests, benchmarks)"
-    )
-    g.add_argument(
-        "--preset", choices=["default", "tiny", "large"], default="default", help="network sizes"
-    )
-    g.add_argument(
-        "--dtype",
-        choices=["auto", "bfloat16", "float32"],
-        default="auto",
-        help="compute dtype of the torch networks (auto: float32 or bfloat16, whichever runs "
-        "this family's chunks faster here, timed once and cached; float32 where bf16 is "
-        "emulated)",
-    )
-    g.add_argument(
-        "--backend",
-        choices=["auto", "torch", "onnxruntime", "openvino"],
-        default="auto",
-        help="what runs the studio family's hot networks: torch, or graphs exported from the "
-        "same weights (cached in ~/.cache/talkloop) on ONNX Runtime or OpenVINO, decoder in "
-        "int8; auto: the fastest here, timed once and cached. The portrait family ignores it",
-    )
-    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where networks run")
-    g.add_argument(
-        "--placement",
-        type=parse_placement,
-        default={},
-        help="per module: resident|offloaded|sharded, e.g. a2v=offloaded,sr=sharded "
-        "(sharded: run under torchrun; docs/offload.md)",
-    )
-
-
-def parse_placement(text: str) -> dict[str, str]:
-    """'a2v=offloaded,sr=sharded' -> {"a2v": "offloaded", "sr": "sharded"}."""
-    out: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, mode = part.partition("=")
-        if not sep or not name or not mode:
-            raise argparse.ArgumentTypeError(
-                f"placement must look like a2v=offloaded,sr=sharded, got {text!r}"
-            )
-        out[name.strip()] = mode.strip()
-    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,9 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_video_args(b)
     add_model_args(b)
 
-    from talkloop.pipeline.studio.cli import add_studio_parser
+    from talkloop.pipeline.synth.cli import add_synth_parser
 
-    add_studio_parser(sub)
+    add_synth_parser(sub)
     from talkloop.pipeline.train.cli import add_eval_parser, add_train_parser
 
     add_train_parser(sub)
@@ -202,38 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cluster_parsers(sub)
     return parser
-
-
-def config_from_args(args: argparse.Namespace):
-    from talkloop.pipeline.core.config import build_config
-
-    family = getattr(args, "family", DEFAULT_FAMILY)
-    width, height = getattr(args, "size", None) or get_spec(family).native_sizes[0]
-    sampler: dict[str, object] = {}
-    output: dict[str, object] = {}
-    steps = getattr(args, "steps", None)
-    if getattr(args, "preview", False):
-        sampler["steps"] = 2 if steps is None else steps
-        sampler["i_steps"] = 1
-        output["preset"] = "ultrafast"
-    elif steps is not None:
-        sampler["steps"] = steps
-    return build_config(
-        video={"width": width, "height": height, "fps": getattr(args, "fps", 25)},
-        sampler=sampler,
-        output=output,
-        model={
-            "family": family,
-            "preset": args.preset,
-            "weights": args.weights,
-            "untrained": args.untrained,
-            "dtype": args.dtype,
-            "backend": getattr(args, "backend", "auto"),
-            "device": getattr(args, "device", "cpu"),
-            "placement": getattr(args, "placement", {}),
-        },
-        seed=getattr(args, "seed", 0),
-    )
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -365,10 +242,10 @@ def _main(argv: list[str]) -> int:
             from talkloop.pipeline.bench.run import cmd_bench
 
             return cmd_bench(args, config_from_args(args))
-        if args.command == "studio":
-            from talkloop.pipeline.studio.cli import cmd_studio
+        if args.command == "synth":
+            from talkloop.pipeline.synth.cli import cmd_synth
 
-            return cmd_studio(args)
+            return cmd_synth(args)
         if args.command in ("render-batch", "worker"):
             from talkloop.pipeline.cluster.cli import cmd_cluster
 

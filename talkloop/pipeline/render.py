@@ -19,7 +19,7 @@ from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
-from talkloop.pipeline.models.registry import load_reference
+from talkloop.pipeline.models.registry import build_pipeline, load_reference
 from talkloop.pipeline.offload.distributed import is_publisher
 from talkloop.pipeline.outputs.background import BackgroundSink
 from talkloop.pipeline.outputs.fullband import FullBandSink
@@ -131,7 +131,7 @@ def render_file(
     image = load_reference(config, reference)  # None: the family's default avatar
     samples = load_audio(audio_path, config.audio.sample_rate)
     if pipeline is None:
-        pipeline = Pipeline.from_config(config)
+        pipeline = build_pipeline(config)
     total = frames_for_samples(samples.shape[0], v.fps, config.audio.sample_rate)
     sinks: list = []
     if is_publisher():  # torchrun: every rank computes its shards, only rank 0 publishes

@@ -12,8 +12,12 @@ import numpy as np
 
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import ConfigError
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import installed_weights, load_reference, spec
+from talkloop.pipeline.models.registry import (
+    build_pipeline,
+    installed_weights,
+    load_reference,
+    spec,
+)
 from talkloop.pipeline.models.spec import DEFAULT_FAMILY
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.ice import IceConfig
@@ -78,7 +82,7 @@ async def serve_forever(
         )
         notes = [*(notes or []), where]
     else:
-        pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+        pipeline = await asyncio.to_thread(build_pipeline, config)
         # Load the text encoder now (seconds), not when the first prompt arrives mid-call.
         text = pipeline.modules.get("text_encoder")
         if text is not None and hasattr(text.net, "load"):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.ice import IceConfig
 from talkloop.rtc.relay import RelaySocket
@@ -73,11 +74,10 @@ class CallHost:
         import ray
 
         from talkloop.pipeline.core.config import build_config
-        from talkloop.pipeline.core.pipeline import Pipeline
         from talkloop.rtc.server import AvatarServer
 
         spec = self.spec
-        pipeline = await asyncio.to_thread(Pipeline.from_config, build_config(**spec.config))
+        pipeline = await asyncio.to_thread(build_pipeline, build_config(**spec.config))
         factory = spec.mirror_factory
         self.server = AvatarServer(
             pipeline,

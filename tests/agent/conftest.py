@@ -6,6 +6,7 @@ import pytest
 
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.app import live_config_dict
 
 from support import tiny_config
@@ -15,4 +16,4 @@ from support import tiny_config
 def live_pipeline(tiny_modules) -> Pipeline:
     base = tiny_config().model_dump(mode="json")
     base.pop("schedule")
-    return Pipeline(build_config(**live_config_dict(base)), tiny_modules)
+    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)

@@ -26,11 +26,11 @@ PAUSE_S, SPEECH_S, FPS = 1.5, 3.0, 25
 def test_default_render_opens_the_mouth_for_speech_and_closes_it_in_pauses(
     tmp_path: Path,
 ) -> None:
-    from talkloop.pipeline.studio.character import sample_character
-    from talkloop.pipeline.studio.params import FrameParams
-    from talkloop.pipeline.studio.renderer import Renderer
-    from talkloop.pipeline.train.data import mouth_crop_box
-    from talkloop.pipeline.train.readout import load_readout, read_frames
+    from talkloop.pipeline.models.portrait.params import FrameParams
+    from talkloop.pipeline.models.studio.data import mouth_crop_box
+    from talkloop.pipeline.models.studio.readout import load_readout, read_frames
+    from talkloop.pipeline.synth.character import sample_character
+    from talkloop.pipeline.synth.renderer import Renderer
 
     weights = installed_weights()
     assert weights is not None, "the trained default weights must ship with the package"

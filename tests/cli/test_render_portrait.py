@@ -84,7 +84,8 @@ def test_a_photo_renders_to_an_mp4_with_sound(photo, tmp_path, wav, capsys) -> N
 
 @pytest.mark.unit
 def test_the_portrait_family_is_the_default() -> None:
-    from talkloop.pipeline.cli import build_parser, config_from_args
+    from talkloop.pipeline.args import config_from_args
+    from talkloop.pipeline.cli import build_parser
 
     args = build_parser().parse_args(["render", "--audio", "a.wav", "--out", "b.mp4"])
     config = config_from_args(args)

@@ -13,10 +13,9 @@ from talkloop.pipeline.backends import select
 from talkloop.pipeline.core import config as config_mod
 from talkloop.pipeline.core.config import ModelConfig
 from talkloop.pipeline.core.errors import PipelineError
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import load_modules
-from talkloop.pipeline.train.config import TrainConfig
-from talkloop.pipeline.train.trainer import Trainer
+from talkloop.pipeline.models.registry import build_pipeline, load_modules
+from talkloop.pipeline.models.studio.recipe import TrainConfig
+from talkloop.pipeline.models.studio.train import Trainer
 
 from support import tiny_config
 
@@ -130,7 +129,7 @@ def test_auto_probes_the_family_session_in_both_dtypes(
     assert {m.compute_dtype for m in modules.values()} == {"bfloat16"}
     a2v_weight = next(p for p in modules["a2v"].net.parameters() if p.dim() == 2)
     assert a2v_weight.dtype == torch.bfloat16
-    pipeline = Pipeline(config, modules)
+    pipeline = build_pipeline(config, modules)
     assert pipeline.compute_dtype == "bfloat16"
     with pipeline.autocast():
         assert torch.is_autocast_enabled("cpu")
@@ -156,7 +155,7 @@ def test_pipeline_with_auto_needs_modules_that_resolved_it(tiny_modules) -> None
         for m in fresh.values():
             m.compute_dtype = None
         with pytest.raises(PipelineError, match="dtype is auto"):
-            Pipeline(tiny_config(model={"dtype": "auto"}), fresh)
+            build_pipeline(tiny_config(model={"dtype": "auto"}), fresh)
     finally:
         for n, m in fresh.items():
             m.compute_dtype = saved[n]

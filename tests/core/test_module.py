@@ -10,9 +10,8 @@ import torch
 
 from talkloop.pipeline.core.errors import CheckpointError, ConfigError
 from talkloop.pipeline.core.module import Module
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import load_modules
-from talkloop.pipeline.models.studio.a2v import A2VDiT
+from talkloop.pipeline.models.registry import build_pipeline, load_modules
+from talkloop.pipeline.models.shared.a2v import A2VDiT
 from talkloop.pipeline.models.studio.family import StudioConfig
 
 from support import CollectSink, make_reference, tiny_config
@@ -37,7 +36,7 @@ def test_round_trip_through_a_folder_gives_identical_frames(
     frames = []
     for modules in (tiny_modules, loaded):
         sink = CollectSink()
-        Pipeline(config, modules).open_session(make_reference(), sinks=[sink]).render(
+        build_pipeline(config, modules).open_session(make_reference(), sinks=[sink]).render(
             [speech[:16000]]
         )
         frames.append(sink.all_frames())

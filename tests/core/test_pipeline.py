@@ -10,9 +10,10 @@ import torch
 
 from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
 from talkloop.pipeline.core.errors import InputError, PipelineError, SessionClosedError
-from talkloop.pipeline.core.graph import Phase, default_phases
+from talkloop.pipeline.core.graph import Phase
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.stage import Stage, StageContext
+from talkloop.pipeline.models.registry import build_pipeline, family_phases
 
 from support import CollectSink, make_reference, tiny_config
 
@@ -65,20 +66,20 @@ class _NeedsModule(Stage):
 
 
 def test_missing_producer_fails_at_construction(tiny_modules) -> None:
-    phases = default_phases(tiny_config())
+    phases = family_phases(tiny_config())
     phases["n_chunk"] = Phase("n_chunk", frozenset({"job"}), [_Reads()])
     with pytest.raises(PipelineError, match=r"stage 'needs_ghost'.*reads 'ghost_field'"):
         Pipeline(tiny_config(), tiny_modules, phases)
 
 
 def test_missing_module_fails_at_construction(tiny_modules) -> None:
-    phases = default_phases(tiny_config())
+    phases = family_phases(tiny_config())
     phases["publish"].stages = [_NeedsModule(), *phases["publish"].stages]
     with pytest.raises(PipelineError, match=r"stage 'needs_module'.*needs module 'warp_drive'"):
         Pipeline(tiny_config(), tiny_modules, phases)
     partial = {k: v for k, v in tiny_modules.items() if k != "sr"}
     with pytest.raises(PipelineError, match=r"stage 'sr'.*needs module 'sr'"):
-        Pipeline(tiny_config(), partial)
+        build_pipeline(tiny_config(), partial)
 
 
 def test_undeclared_field_access_is_an_error() -> None:
@@ -99,7 +100,7 @@ def test_undeclared_field_access_is_an_error() -> None:
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_modules) -> Pipeline:
-    return Pipeline(tiny_config(), tiny_modules)
+    return build_pipeline(tiny_config(), tiny_modules)
 
 
 def test_streaming_and_batch_give_bit_identical_frames(pipeline, speech) -> None:
@@ -158,7 +159,7 @@ def test_empty_audio_gives_no_frames(pipeline) -> None:
 def test_session_state_size_is_constant(tiny_modules, speech) -> None:
     """Rolling memory: the state after chunk 20 and after chunk 400 holds the same tensors."""
     config = tiny_config(schedule={"first_len": 2, "n_len": 3, "i_len": 1, "ctx_len": 1})
-    pipeline = Pipeline(config, tiny_modules)
+    pipeline = build_pipeline(config, tiny_modules)
     reports: dict[int, dict] = {}
 
     class Probe(CollectSink):
@@ -178,7 +179,7 @@ def test_session_state_size_is_constant(tiny_modules, speech) -> None:
     assert set(reports[400]) == {
         "ref_latent",
         "ref_latent_hr",
-        "ref_latent_lr",
+        "a2v_reference",
         "context_latents",
         "context_audio",
         "audio_norm",
@@ -188,7 +189,7 @@ def test_session_state_size_is_constant(tiny_modules, speech) -> None:
 
 
 def test_prompt_change_applies_from_next_chunk(tiny_modules, speech) -> None:
-    pipeline = Pipeline(tiny_config(), tiny_modules)
+    pipeline = build_pipeline(tiny_config(), tiny_modules)
     audio = speech[: int(1.5 * RATE)]
     plain = render_batch(pipeline, audio).frames
 
@@ -244,7 +245,7 @@ def test_released_audio_is_never_read_again(pipeline, speech) -> None:
         pass
     session.close()
     assert max(sizes) < RATE  # never more than a second waiting, for a 10 s input
-    assert torch.is_tensor(session.state.context_latents)
+    assert torch.is_tensor(session.state.fields["context_latents"])
 
 
 def test_live_catch_up_skips_whole_chunks_when_far_behind(pipeline, speech) -> None:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from talkloop.pipeline.models.shared.text_encoder import TextEncoder, TextEncoderConfig
 from talkloop.pipeline.models.studio.family import StudioConfig
-from talkloop.pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
 
 
 @pytest.fixture
@@ -16,8 +16,8 @@ def tiny() -> StudioConfig:
 
 
 @pytest.fixture(scope="session")
-def text_encoder() -> StudioTextEncoder:
-    enc = StudioTextEncoder(TextEncoderConfig())
+def text_encoder() -> TextEncoder:
+    enc = TextEncoder(TextEncoderConfig())
     enc.load()  # ~5 s, once per test session
     return enc
 

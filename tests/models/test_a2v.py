@@ -6,8 +6,8 @@ import pydantic
 import pytest
 import torch
 
-from talkloop.pipeline.models.studio.a2v import A2VConfig, A2VDiT, lowres
-from talkloop.pipeline.models.studio.sampling import (
+from talkloop.pipeline.models.shared.a2v import A2VConfig, A2VDiT, lowres
+from talkloop.pipeline.models.shared.sampling import (
     euler_sample,
     flow_matching_loss,
     sampling_schedule,

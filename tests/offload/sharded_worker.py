@@ -16,8 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest
 
 from talkloop.pipeline.assets import HELLO_WAV  # noqa: E402
 from talkloop.pipeline.audio.io import load_audio  # noqa: E402
-from talkloop.pipeline.core.pipeline import Pipeline  # noqa: E402
-from talkloop.pipeline.models.registry import load_modules  # noqa: E402
+from talkloop.pipeline.models.registry import (
+    build_pipeline,
+    load_modules,  # noqa: E402
+)
 from talkloop.pipeline.offload.distributed import is_publisher  # noqa: E402
 from talkloop.pipeline.offload.placement import apply_placement  # noqa: E402
 
@@ -34,7 +36,7 @@ def main(out: str, dtype: str) -> None:
     assert w.to_local().shape[0] * 2 == w.shape[0], (w.to_local().shape, w.shape)
     sinks = [CollectSink()] if is_publisher() else []
     speech = load_audio(HELLO_WAV, 16000)[:8000]
-    Pipeline(config, modules).open_session(make_reference(), sinks=sinks).render([speech])
+    build_pipeline(config, modules).open_session(make_reference(), sinks=sinks).render([speech])
     if is_publisher():
         np.save(out, sinks[0].all_frames())
     dist.barrier()

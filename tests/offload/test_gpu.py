@@ -8,8 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import load_modules
+from talkloop.pipeline.models.registry import build_pipeline, load_modules
 from talkloop.pipeline.offload.offloaded import BlockOffloader
 
 from support import CollectSink, liven, make_reference, tiny_config
@@ -25,7 +24,9 @@ def frames(placement: dict, speech: np.ndarray, measure: bool = False):
         if isinstance(m.runtime, BlockOffloader):
             m.runtime.measure = measure
     sink = CollectSink()
-    Pipeline(config, modules).open_session(make_reference(), sinks=[sink]).render([speech[:8000]])
+    build_pipeline(config, modules).open_session(make_reference(), sinks=[sink]).render(
+        [speech[:8000]]
+    )
     return sink.all_frames(), modules
 
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from talkloop.pipeline.core.module import Module
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import load_modules
-from talkloop.pipeline.models.studio.a2v import A2VConfig
+from talkloop.pipeline.models.registry import build_pipeline, load_modules
+from talkloop.pipeline.models.shared.a2v import A2VConfig
 from talkloop.pipeline.models.studio.family import STUDIO_MODULES, StudioConfig, build_networks
 from talkloop.pipeline.models.studio.sr import SRConfig
 from talkloop.pipeline.offload.device import CpuOps
@@ -25,7 +24,7 @@ OFFLOAD = {"placement": {"a2v": "offloaded", "sr": "offloaded"}}
 
 def render(modules: dict[str, Module], config, speech: np.ndarray) -> np.ndarray:
     sink = CollectSink()
-    pipeline = Pipeline(config, modules)
+    pipeline = build_pipeline(config, modules)
     pipeline.open_session(make_reference(), sinks=[sink]).render([speech[:8000]])
     return sink.all_frames()
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import load_modules
+from talkloop.pipeline.models.registry import build_pipeline, load_modules
 
 from support import CollectSink, liven, make_reference, tiny_config
 
@@ -28,7 +27,9 @@ def resident_frames(speech: np.ndarray, dtype: str) -> np.ndarray:
     modules = load_modules(config)
     liven(modules)
     sink = CollectSink()
-    Pipeline(config, modules).open_session(make_reference(), sinks=[sink]).render([speech[:8000]])
+    build_pipeline(config, modules).open_session(make_reference(), sinks=[sink]).render(
+        [speech[:8000]]
+    )
     return sink.all_frames()
 
 

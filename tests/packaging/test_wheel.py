@@ -31,7 +31,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 # Tracked files of the package that no installed command reads: the record of a training run,
-# which only the model-card step of a training run (talkloop/pipeline/train/card.py) opens.
+# which only the model-card step of a training run (talkloop/pipeline/models/studio/card.py) opens.
 NOT_SHIPPED = ("train_log.jsonl",)
 
 

@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from talkloop.pipeline.cli import main
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.security import AccessPolicy, check_exposure, normalize_origin
@@ -33,7 +34,7 @@ TOKEN = "0123456789abcdef0123"
 def pipeline(tiny_modules) -> Pipeline:
     base = tiny_config().model_dump(mode="json")
     base.pop("schedule")
-    return Pipeline(build_config(**live_config_dict(base)), tiny_modules)
+    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
 
 
 def run(coro):

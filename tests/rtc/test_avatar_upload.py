@@ -15,6 +15,7 @@ from PIL import Image
 from talkloop.agent.protocol import ProtocolError
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.pipeline.reference import fit_array
 from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.avatar import MAX_AVATAR_BYTES, decode_avatar
@@ -87,7 +88,7 @@ def test_a_portrait_photo_is_framed_and_a_faceless_one_refused() -> None:
 def pipeline(tiny_modules) -> Pipeline:
     base = tiny_config().model_dump(mode="json")
     base.pop("schedule")
-    return Pipeline(build_config(**live_config_dict(base)), tiny_modules)
+    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
 
 
 async def with_server(pipeline, body):
@@ -116,13 +117,13 @@ def test_the_call_opens_on_the_sent_photo(pipeline) -> None:
             late = json.dumps({"type": "avatar", "image": encoded(photo, "PNG")})
             await ws.send(late)
             refused = json.loads(await ws.recv())
-            return hello, refused, opened[0].session.state.ref_latent.clone()
+            return hello, refused, opened[0].session.state.fields["ref_latent"].clone()
 
     hello, refused, latent = run(with_server(pipeline, body))
     assert hello["type"] == "session"
     assert refused["type"] == "error" and refused["code"] == "bad_state"
-    mine = pipeline.open_session(fit_array(photo, 64, 64)).state.ref_latent
-    server_own = pipeline.open_session(make_reference()).state.ref_latent
+    mine = pipeline.open_session(fit_array(photo, 64, 64)).state.fields["ref_latent"]
+    server_own = pipeline.open_session(make_reference()).state.fields["ref_latent"]
     assert np.array_equal(latent.numpy(), mine.numpy())
     assert not np.array_equal(latent.numpy(), server_own.numpy())
 

@@ -13,7 +13,7 @@ from aiortc.rtcconfiguration import RTCIceTransportPolicy
 from talkloop.pipeline.cli import main
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.core.errors import ConfigError
-from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.ice import IceConfig, check_ice_url
@@ -159,7 +159,7 @@ def test_the_session_message_tells_the_page_and_the_peer_uses_them(
 
     base = tiny_config().model_dump(mode="json")
     base.pop("schedule")
-    pipeline = Pipeline(build_config(**live_config_dict(base)), tiny_modules)
+    pipeline = build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
     ice = IceConfig([TURN], "u", "p", relay_only=True)
     given = []
 

@@ -14,6 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.server import MAX_QUEUED_SAYS, AvatarServer
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.unit
 def pipeline(tiny_modules) -> Pipeline:
     base = tiny_config().model_dump(mode="json")
     base.pop("schedule")
-    return Pipeline(build_config(**live_config_dict(base)), tiny_modules)
+    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
 
 
 def run(coro, timeout: float = 90):

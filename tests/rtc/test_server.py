@@ -14,6 +14,7 @@ from websockets.exceptions import ConnectionClosed
 
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.server import AvatarServer
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.unit
 def pipeline(tiny_modules) -> Pipeline:
     base = tiny_config().model_dump(mode="json")
     base.pop("schedule")
-    return Pipeline(build_config(**live_config_dict(base)), tiny_modules)
+    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
 
 
 def run(coro):
@@ -154,7 +155,7 @@ def test_vanished_client_frees_its_session(pipeline) -> None:
     left, call = run(with_server(pipeline, body))
     assert left == 0
     assert not call._thread.is_alive()
-    assert call.session.state.context_latents is None  # tensors released
+    assert call.session.state.fields["context_latents"] is None  # tensors released
     assert not [t for t in threading.enumerate() if t.name.startswith("gen-")]
 
 

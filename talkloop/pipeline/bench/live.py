@@ -23,7 +23,7 @@ import numpy as np
 from talkloop.pipeline.bench.memory import memory_trend
 from talkloop.pipeline.bench.worker import rss_mb
 from talkloop.pipeline.core.config import TalkloopConfig
-from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 
 if TYPE_CHECKING:
     from talkloop.rtc.client import CallResult
@@ -38,7 +38,7 @@ async def measure(spec: dict) -> dict:
     from talkloop.rtc.server import AvatarServer
 
     config = TalkloopConfig.model_validate(spec["config"])
-    pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+    pipeline = await asyncio.to_thread(build_pipeline, config)
     live = CallConfig(**{**spec.get("live", {}), "stamp_frames": True})
     reference = bench_reference(config)
     server = AvatarServer(pipeline, reference, "", live, 1, "")

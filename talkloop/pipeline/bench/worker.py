@@ -23,10 +23,10 @@ from talkloop.pipeline.audio.io import load_audio
 from talkloop.pipeline.backends.report import describe
 from talkloop.pipeline.bench.memory import memory_trend
 from talkloop.pipeline.core.config import TalkloopConfig
-from talkloop.pipeline.core.graph import default_phases
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from talkloop.pipeline.core.stage import Stage, StageContext
+from talkloop.pipeline.models.registry import family_phases
 from talkloop.pipeline.outputs.background import BackgroundSink
 from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
@@ -144,7 +144,7 @@ class HoardLatents(Stage):
 def run(spec: dict) -> dict:
     config = TalkloopConfig.model_validate(spec["config"])
     mode, seconds = spec["mode"], float(spec["seconds"])
-    phases = default_phases(config)
+    phases = family_phases(config)
     if mode == "naive":
         publish = phases["publish"]
         publish.stages = [HoardLatents(), *publish.stages]

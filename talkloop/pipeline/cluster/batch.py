@@ -27,6 +27,7 @@ from tqdm import tqdm
 from talkloop.pipeline.cluster.connect import import_ray
 from talkloop.pipeline.cluster.manifest import Row
 from talkloop.pipeline.console import progress_bar
+from talkloop.pipeline.models.registry import build_pipeline
 
 TASK_MEMORY_MB = 3000  # portrait at 512 px peaks near 1.5 GB; room for the encoder and torch
 SUMMARY = "summary.json"
@@ -65,12 +66,11 @@ def _pipeline(config):
     """The worker process's pipeline for ``config``: Ray reuses a worker for the next task, so
     consecutive rows of one family load their networks once. Only one is kept (bounded memory)."""
     global _PIPELINE
-    from talkloop.pipeline.core.pipeline import Pipeline
 
     key = json.dumps(config.model_dump(mode="json"), sort_keys=True)
     if _PIPELINE is None or _PIPELINE[0] != key:
         _PIPELINE = None  # free the previous one before loading
-        _PIPELINE = (key, Pipeline.from_config(config))
+        _PIPELINE = (key, build_pipeline(config))
     return _PIPELINE[1]
 
 

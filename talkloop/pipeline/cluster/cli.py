@@ -22,7 +22,7 @@ CLUSTER_HELP = (
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
-    from talkloop.pipeline.cli import add_model_args, add_video_args
+    from talkloop.pipeline.args import add_model_args, add_video_args
 
     b = sub.add_parser(
         "render-batch",
@@ -84,7 +84,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_render_batch(args: argparse.Namespace) -> int:
-    from talkloop.pipeline.cli import config_from_args
+    from talkloop.pipeline.args import config_from_args
     from talkloop.pipeline.cluster.batch import TASK_MEMORY_MB, run_batch, write_summary
     from talkloop.pipeline.cluster.connect import connect, disconnect
     from talkloop.pipeline.cluster.manifest import read_manifest

@@ -6,16 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import PipelineError
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.core.stage import Stage
-from talkloop.pipeline.core.state import SESSION_FIELDS
-
-# Session fields that start as None and are valid that way ("start of stream").
-SESSION_START_VALUES = frozenset(
-    {"context_latents", "context_audio", "audio_norm", "decoder_cache"}
-)
+from talkloop.pipeline.models.spec import StateField
 
 
 @dataclass
@@ -27,22 +21,19 @@ class Phase:
     stages: Sequence[Stage]
 
 
-def default_phases(config: TalkloopConfig) -> dict[str, Phase]:
-    """The stages of the configured model family (``talkloop/pipeline/models/registry.py``)."""
-    from talkloop.pipeline.models.registry import phases
-
-    return phases(config)
-
-
-def check_graph(phases: Mapping[str, Phase], modules: Mapping[str, Module]) -> None:
+def check_graph(
+    phases: Mapping[str, Phase], modules: Mapping[str, Module], fields: Sequence[StateField]
+) -> None:
     """Raise PipelineError naming the first stage that reads a field nobody produces or needs a
-    module that is not loaded."""
+    module that is not loaded. ``fields``: the session's state fields (the rest is work)."""
+    session = {f.name for f in fields}
+    starts_empty = {f.name for f in fields if f.starts_empty}
     init = phases.get("init")
     from_init = {f for s in init.stages for f in s.writes} if init else set()
     for phase in phases.values():
-        available = set(phase.inputs) | (SESSION_START_VALUES & SESSION_FIELDS)
+        available = set(phase.inputs) | starts_empty
         if phase.name != "init":
-            available |= from_init & SESSION_FIELDS
+            available |= from_init & session
         for stage in phase.stages:
             for need in stage.needs:
                 if need not in modules:

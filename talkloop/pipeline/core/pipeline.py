@@ -26,13 +26,14 @@ import torch
 
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import PipelineError
-from talkloop.pipeline.core.graph import Phase, check_graph, default_phases
+from talkloop.pipeline.core.graph import Phase, check_graph
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.core.records import StreamInfo
 from talkloop.pipeline.core.schedule import Timeline
 from talkloop.pipeline.core.session import Session
 from talkloop.pipeline.core.stage import Stage, StageContext
-from talkloop.pipeline.core.state import SESSION_FIELDS, SessionState
+from talkloop.pipeline.core.state import SHARED_FIELDS, SessionState
+from talkloop.pipeline.models.spec import get_spec
 from talkloop.pipeline.outputs.sink import Sink
 
 
@@ -42,19 +43,23 @@ class Pipeline:
     Args:
         config: the root config.
         modules: loaded modules by name.
-        phases: stage lists; ``default_phases(config)`` if omitted.
+        phases: stage lists per phase (a family's, from
+            :func:`talkloop.pipeline.models.registry.build_pipeline`, or a test's own).
     """
 
     def __init__(
         self,
         config: TalkloopConfig,
         modules: Mapping[str, Module],
-        phases: Mapping[str, Phase] | None = None,
+        phases: Mapping[str, Phase],
     ) -> None:
         self.config = config
         self.modules = dict(modules)
-        self.phases = dict(phases or default_phases(config))
-        check_graph(self.phases, self.modules)
+        self.phases = dict(phases)
+        # What a session keeps between chunks: the shared chunk stages' fields, the family's own.
+        self.state_fields = SHARED_FIELDS + get_spec(config.model.family).state_fields
+        self.session_fields = frozenset(f.name for f in self.state_fields)
+        check_graph(self.phases, self.modules, self.state_fields)
         self.timeline = Timeline(config.schedule)
         self.compute_dtype = _compute_dtype(config, self.modules)
         enc = self.modules["audio_encoder"].config if "audio_encoder" in self.modules else None
@@ -79,12 +84,6 @@ class Pipeline:
         prefetcher = stage_prefetcher(self)
         if prefetcher is not None:
             self.stage_hooks.append(prefetcher)
-
-    @classmethod
-    def from_config(cls, config: TalkloopConfig) -> Pipeline:
-        from talkloop.pipeline.models.registry import load_modules
-
-        return cls(config, load_modules(config))
 
     def open_session(
         self,
@@ -124,7 +123,7 @@ class Pipeline:
                 t0 = time.perf_counter()
                 for hook in self.stage_hooks:
                     hook(name, stage)
-                stage.run(StageContext(stage, work, state, self.modules, SESSION_FIELDS))
+                stage.run(StageContext(stage, work, state, self.modules, self.session_fields))
                 if timings is not None:
                     key = f"{name}/{stage.name}"
                     timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0

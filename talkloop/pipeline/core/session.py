@@ -76,7 +76,7 @@ class Session:
         self.pipeline = pipeline
         self.seed = seed
         self.sinks = list(sinks)
-        self.state = SessionState(prompt=prompt)
+        self.state = SessionState(pipeline.state_fields, prompt)
         self.stats = SessionStats()
         self._cond = threading.Condition()
         self._pending_prompt: str | None = None
@@ -244,8 +244,8 @@ class Session:
             display = latents
         # Roll the motion context forward: the tail of the newest N chunk and its audio features.
         ctx_len = min(p.config.schedule.ctx_len, latents.shape[0])
-        state.context_latents = latents[-ctx_len:].clone()
-        state.context_audio = chunk_audio[-ctx_len:].clone()
+        state.fields["context_latents"] = latents[-ctx_len:].clone()
+        state.fields["context_audio"] = chunk_audio[-ctx_len:].clone()
         del latents
         frames = p.run_phase(
             "publish",

@@ -58,7 +58,7 @@ class StageContext:
         if field not in self._stage.reads:
             raise PipelineError(f"stage {self._stage.name!r} reads {field!r} without declaring it")
         if field in self._session_fields:
-            return getattr(self._session, field)
+            return self._session.fields[field]
         try:
             return self._work[field]
         except KeyError:
@@ -70,7 +70,7 @@ class StageContext:
         if field not in self._stage.writes:
             raise PipelineError(f"stage {self._stage.name!r} writes {field!r} without declaring it")
         if field in self._session_fields:
-            setattr(self._session, field, value)
+            self._session.fields[field] = value
         else:
             self._work[field] = value
 

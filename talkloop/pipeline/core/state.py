@@ -2,38 +2,38 @@
 
 Between chunks a session keeps exactly these items and nothing else:
 
-- the reference as encoded (``ref_latent``), its conditioning with the prompt's expression
-  (``ref_latent_hr``, ``ref_latent_lr``) and the text embedding;
-- the motion context of the newest N chunk: its last ``ctx_len`` latents and their audio
-  features (the last of them is also the near anchor of the next I chunk);
-- the streaming audio normalisation statistics and the streaming decoder's bounded cache;
+- the fields every family's chunk stages share (:data:`SHARED_FIELDS`): the prompt's text
+  embedding, the reference the A2V DiT conditions on, the motion context of the newest N chunk
+  (its last ``ctx_len`` latents and their audio features, the last of them also the near anchor
+  of the next I chunk) and the streaming audio normalisation statistics;
+- the fields the family's spec declares (``FamilySpec.state_fields``: the studio family's
+  encoded reference and streaming decoder cache, the portrait family's renderer);
 - the driving audio not yet published (``AudioBuffer``), trimmed as frames are published.
 
-The far anchor and the rest of a new N chunk never outlive the step that made them: the I chunk
-runs right after its N chunk and both are published together, so no generated latent waits
-between steps. Audio features, noise, activations, intermediate latents and RGB frames live only
-in a chunk's working fields and are released when the chunk is published.
+Anything else a chunk makes (audio features, noise, activations, intermediate latents, RGB
+frames) lives only in the chunk's working fields and is released when the chunk is published.
+:meth:`SessionState.memory_report` counts everything the state holds, objects included, so a
+field that grows with the session's length shows up in the rolling-memory tests and the bench.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-# The fields of SessionState that stages may read and write (the rest is pipeline bookkeeping).
-SESSION_FIELDS = frozenset(
-    {
-        "ref_latent",
-        "ref_latent_hr",
-        "ref_latent_lr",
-        "text_embedding",
-        "context_latents",
-        "context_audio",
-        "audio_norm",
-        "decoder_cache",
-    }
+from talkloop.pipeline.models.spec import StateField
+
+SHARED_FIELDS = (
+    StateField("text_embedding", "(1, D_text) the prompt's embedding; None: no prompt"),
+    StateField("a2v_reference", "the reference frame the A2V DiT conditions on"),
+    StateField(
+        "context_latents", "(ctx, ...) the tail of the newest N chunk's latents", starts_empty=True
+    ),
+    StateField("context_audio", "(ctx, D_audio) their audio features", starts_empty=True),
+    StateField("audio_norm", "(2, n_mels) running mean and variance", starts_empty=True),
 )
 
 
@@ -73,36 +73,59 @@ class AudioBuffer:
         return int(self.samples.nbytes)
 
 
-@dataclass
-class SessionState:
-    """Everything a session keeps between chunks. See the module docstring."""
+def held_bytes(value: Any, seen: set[int] | None = None) -> int:
+    """Bytes of the arrays ``value`` holds: a tensor or array itself, the items of a container,
+    the attributes of an object (each array counted once however often it is reached)."""
+    seen = set() if seen is None else seen
+    if value is None or id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, dict):
+        return sum(held_bytes(v, seen) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return sum(held_bytes(v, seen) for v in value)
+    if isinstance(value, (str, bytes, int, float, bool, torch.nn.Module)):
+        return 0  # scalars; modules are the pipeline's, shared by every session
+    attributes = getattr(value, "__dict__", None)
+    return held_bytes(attributes, seen) if attributes is not None else 0
 
-    ref_latent: torch.Tensor | None = None  # (1, C, h, w) as encoded, kept for prompt changes
-    ref_latent_hr: torch.Tensor | None = None  # (1, C, h, w) with the prompt's expression
-    ref_latent_lr: torch.Tensor | None = None  # (1, C, h/2, w/2)
-    text_embedding: torch.Tensor | None = None  # (1, D_text)
-    context_latents: torch.Tensor | None = None  # (ctx, C, h/2, w/2) tail of the newest N chunk
-    context_audio: torch.Tensor | None = None  # (ctx, D_audio) their audio features
-    audio_norm: torch.Tensor | None = None  # (2, n_mels) running mean / variance
-    decoder_cache: torch.Tensor | None = None  # bounded: the decoder's last few latent frames
-    audio: AudioBuffer = field(default_factory=AudioBuffer)
-    prompt: str = ""
-    next_n: int = 0  # index of the next N chunk to generate
-    frames_published: int = 0
+
+class SessionState:
+    """Everything a session keeps between chunks. See the module docstring.
+
+    Args:
+        fields: the session fields of the pipeline's stages (:data:`SHARED_FIELDS` and the
+            family's own), each None until a stage writes it.
+        prompt: the prompt the session starts with.
+    """
+
+    def __init__(self, fields: Sequence[StateField], prompt: str = "") -> None:
+        self.fields: dict[str, Any] = {f.name: None for f in fields}
+        self.audio = AudioBuffer()
+        self.prompt = prompt
+        self.next_n = 0  # index of the next N chunk to generate
+        self.frames_published = 0
+
+    def clear(self) -> None:
+        """Let go of every field and all buffered audio (a session that ended)."""
+        self.fields = dict.fromkeys(self.fields)
+        self.audio = AudioBuffer()
 
     def memory_report(self) -> dict[str, tuple[tuple[int, ...], str, int]]:
-        """Shape, dtype and bytes of every array the state holds (for tests and the bench)."""
+        """Shape, type and bytes of every field that holds memory (for tests and the bench):
+        a tensor's or array's shape and dtype, an object's class and all that it holds."""
         report: dict[str, tuple[tuple[int, ...], str, int]] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                report[f.name] = (
-                    tuple(value.shape),
-                    str(value.dtype),
-                    value.numel() * value.element_size(),
-                )
+        for name, value in [*self.fields.items(), ("audio", self.audio)]:
+            if isinstance(value, (torch.Tensor, np.ndarray)):
+                report[name] = (tuple(value.shape), str(value.dtype), held_bytes(value))
             elif isinstance(value, AudioBuffer):
-                report[f.name] = ((value.samples.shape[0],), str(value.samples.dtype), value.nbytes)
+                report[name] = ((value.samples.shape[0],), str(value.samples.dtype), value.nbytes)
+            elif value is not None and (nbytes := held_bytes(value)):
+                report[name] = ((), type(value).__name__, nbytes)
         return report
 
     def nbytes(self) -> int:

@@ -18,27 +18,28 @@ The contract (module-level names of the family's ``family.py``):
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from talkloop.pipeline.backends.cache import weights_hash
+from talkloop.pipeline.backends.select import resolve_dtype, schedule_key
 from talkloop.pipeline.core.config import ModelConfig, TalkloopConfig
 from talkloop.pipeline.core.errors import CheckpointError, ConfigError, WeightsMissingError
+from talkloop.pipeline.core.graph import Phase
 from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.models.sizes import warn_unless_native_size
 from talkloop.pipeline.models.spec import DEFAULT_FAMILY, FamilySpec, get_spec
-
-if TYPE_CHECKING:
-    from talkloop.pipeline.core.graph import Phase
-    from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.offload.placement import apply_placement
 
 
 def spec(name: str = DEFAULT_FAMILY) -> FamilySpec:
@@ -60,9 +61,21 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
     return family(config.model.family).load_modules(config)
 
 
-def phases(config: TalkloopConfig) -> dict[str, Phase]:
+def family_phases(config: TalkloopConfig) -> dict[str, Phase]:
     """The configured family's stages, per phase."""
     return family(config.model.family).phases(config)
+
+
+def build_pipeline(
+    config: TalkloopConfig,
+    modules: Mapping[str, Module] | None = None,
+    phases: Mapping[str, Phase] | None = None,
+) -> Pipeline:
+    """The configured family's pipeline: its modules (loaded when not given) and its phases
+    (unless a caller replaces them)."""
+    if modules is None:
+        modules = load_modules(config)
+    return Pipeline(config, modules, family_phases(config) if phases is None else phases)
 
 
 def load_reference(
@@ -102,8 +115,6 @@ def weights_folder(model: ModelConfig, name: str, installed: Path | None, expect
 def finish_modules(modules: dict[str, Module], config: TalkloopConfig) -> dict[str, Module]:
     """What every family does last: the compute dtype (``auto`` measured, see
     :func:`choose_dtype`), bf16 weights where bf16 computes, then the placement."""
-    from talkloop.pipeline.offload.placement import apply_placement
-
     dtype = choose_dtype(modules, config)
     for module in modules.values():
         if dtype == "bfloat16":
@@ -130,9 +141,6 @@ def choose_dtype(modules: dict[str, Module], config: TalkloopConfig) -> str:
         modules: the family's modules, loaded, in float32.
         config: the root config.
     """
-    from talkloop.pipeline.backends.cache import weights_hash
-    from talkloop.pipeline.backends.select import resolve_dtype, schedule_key
-
     m = config.model
     if m.dtype != "auto":
         return m.dtype  # (no weights hash for a choice that is not measured)
@@ -146,10 +154,6 @@ def choose_dtype(modules: dict[str, Module], config: TalkloopConfig) -> str:
 def _dtype_probes(
     modules: dict[str, Module], config: TalkloopConfig, candidates: tuple[str, ...]
 ) -> dict[str, Callable[[], object]]:
-    import copy
-
-    from talkloop.pipeline.core.pipeline import Pipeline
-
     reference = load_reference(config, None)
     s, fps = config.schedule, config.video.fps
     seconds = (s.first_len + 2 * s.n_len) / fps  # N0 and two N chunks
@@ -163,7 +167,7 @@ def _dtype_probes(
             for mod in mods.values():
                 mod.cast_matmuls(torch.bfloat16)
         cfg = config.model_copy(update={"model": config.model.model_copy(update={"dtype": dtype})})
-        probes[dtype] = SessionProbe(Pipeline(cfg, mods), reference, audio)
+        probes[dtype] = SessionProbe(build_pipeline(cfg, mods), reference, audio)
     return probes
 
 

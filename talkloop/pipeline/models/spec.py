@@ -36,6 +36,19 @@ class SizeRule:
 
 
 @dataclass(frozen=True)
+class StateField:
+    """A field a family's stages keep in a session's state from one chunk to the next.
+
+    ``starts_empty``: None is a valid value before any stage wrote it (the start of the stream);
+    otherwise a stage of the ``init`` phase must write it before any other phase reads it.
+    """
+
+    name: str
+    about: str
+    starts_empty: bool = False
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """What the framework knows of a family without loading it.
 
@@ -48,6 +61,8 @@ class FamilySpec:
             its default size.
         block_modules: modules with transformer blocks (a ``.blocks`` ModuleList): only these
             can be offloaded or sharded per block.
+        state_fields: what its own stages keep between chunks, beyond the fields every family's
+            chunk stages share (``talkloop.pipeline.core.state.SHARED_FIELDS``).
         live_schedule: chunk schedule overrides of live calls (``ScheduleConfig`` fields).
         live_sampler: sampler overrides of live calls (``SamplerConfig`` fields).
         weights: the folder its shipped weights are in (absent in a stripped install: the
@@ -62,6 +77,7 @@ class FamilySpec:
     size_rule: SizeRule
     native_sizes: tuple[tuple[int, int], ...]
     block_modules: tuple[str, ...] = ()
+    state_fields: tuple[StateField, ...] = ()
     live_schedule: Mapping[str, int] = field(default_factory=dict)
     live_sampler: Mapping[str, int] = field(default_factory=dict)
     weights: Path | None = None

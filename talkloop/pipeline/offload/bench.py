@@ -21,6 +21,7 @@ from pathlib import Path
 
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import TalkloopError
+from talkloop.pipeline.models.registry import build_pipeline
 
 PLACEMENTS = ("resident", "offloaded", "sharded")
 BLOCK_MODULES = ("a2v", "sr")
@@ -100,7 +101,6 @@ def _worker(spec: dict) -> dict | None:
 
     from talkloop.pipeline.bench.worker import bench_reference, looped_speech
     from talkloop.pipeline.core.config import build_config
-    from talkloop.pipeline.core.pipeline import Pipeline
     from talkloop.pipeline.models.registry import load_modules
     from talkloop.pipeline.offload.distributed import env_world_size, is_publisher
     from talkloop.pipeline.offload.offloaded import BlockOffloader
@@ -114,7 +114,7 @@ def _worker(spec: dict) -> dict | None:
     ops = offloaders[0].ops if offloaders else None
     for off in offloaders:
         off.measure = True
-    pipeline = Pipeline(config, modules)
+    pipeline = build_pipeline(config, modules)
     v = config.video
 
     class Count:

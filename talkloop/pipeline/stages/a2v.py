@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from talkloop.pipeline.core.config import SamplerConfig
 from talkloop.pipeline.core.stage import Stage, StageContext
-from talkloop.pipeline.models.studio.sampling import euler_sample
+from talkloop.pipeline.models.shared.sampling import euler_sample
 
 if TYPE_CHECKING:
     from talkloop.pipeline.core.graph import Phase
@@ -23,7 +23,7 @@ class A2VStage(Stage):
         "positions",
         "cond_audio",
         "noise",
-        "ref_latent_lr",
+        "a2v_reference",
         "text_embedding",
     )
     writes = ("latents",)
@@ -39,7 +39,7 @@ class A2VStage(Stage):
             x_given=ctx.read("given"),
             given_mask=mask,
             pos=ctx.read("positions"),
-            ref=ctx.read("ref_latent_lr"),
+            ref=ctx.read("a2v_reference"),
             audio=ctx.read("cond_audio"),
             text=ctx.read("text_embedding"),
             noise=ctx.read("noise"),

@@ -47,13 +47,13 @@ class NContextStage(Stage):
     """N chunk inputs: the motion context of the previous N chunk (given), then new frames."""
 
     name = "n_context"
-    reads = ("job", "seed", "chunk_audio", "context_latents", "context_audio", "ref_latent_lr")
+    reads = ("job", "seed", "chunk_audio", "context_latents", "context_audio", "a2v_reference")
     writes = ("given", "given_mask", "positions", "cond_audio", "noise")
 
     def run(self, ctx: StageContext) -> None:
         job: NChunk = ctx.read("job")
         audio = ctx.read("chunk_audio")  # (n, D_audio)
-        ref = ctx.read("ref_latent_lr")  # (1, C, h, w)
+        ref = ctx.read("a2v_reference")  # (1, C, h, w)
         ctx_lat, ctx_aud = ctx.read("context_latents"), ctx.read("context_audio")
         n, c = job.length, 0 if ctx_lat is None else ctx_lat.shape[0]
         given = torch.zeros((1, c + n, *ref.shape[1:]))
@@ -81,7 +81,7 @@ class IContextStage(Stage):
         "next_audio",
         "context_latents",
         "context_audio",
-        "ref_latent_lr",
+        "a2v_reference",
     )
     writes = ("given", "given_mask", "positions", "cond_audio", "noise")
 

@@ -47,7 +47,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``eval`` (model options come from the shared model arguments)."""
-    from talkloop.pipeline.cli import add_model_args, add_video_args
+    from talkloop.pipeline.args import add_model_args, add_video_args
 
     e = sub.add_parser("eval", help="score weights on held-out studio clips (JSON + PNG)")
     e.add_argument("--out", type=Path, required=True, help="folder for eval.json and eval.png")

@@ -2,7 +2,7 @@
 
 The evaluation (``models/portrait/evaluate.py``) runs the family's own Session with one change, a
 publish stage that emits each frame's motion parameters instead of warping the photo. Here the
-pipeline exactly as ``talkloop render`` / ``serve`` build it (``Pipeline.from_config``: the
+pipeline exactly as ``talkloop render`` / ``serve`` build it (``build_pipeline``: the
 family's real stages and renderer, modules loaded separately) runs the same audio, prompt, seed
 and shipped weights, and the parameters its renderer receives are compared with the evaluation's.
 They must be bit-identical: both sides run the same stages over the same inputs in one process
@@ -22,12 +22,12 @@ import pytest
 from talkloop.pipeline.core.config import SamplerConfig, ScheduleConfig, build_config
 from talkloop.pipeline.core.errors import PipelineError
 from talkloop.pipeline.core.graph import Phase
-from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.models import registry
 from talkloop.pipeline.models.portrait import evaluate, family
 from talkloop.pipeline.models.portrait.blinks import blink_track
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.render import PortraitRenderer
-from talkloop.pipeline.studio.params import FRAME_FIELDS
+from talkloop.pipeline.models.registry import build_pipeline
 
 pytestmark = pytest.mark.unit  # ~40 s: the shipped (small) nets, seconds of speech, 1-clip eval
 
@@ -79,7 +79,7 @@ def shipped_params(
         model={"family": "portrait", "weights": SHIPPED, "dtype": dtype},
         seed=SEED,
     )
-    pipeline = Pipeline.from_config(config)
+    pipeline = build_pipeline(config)
     got: list[np.ndarray] = []
     real_render = PortraitRenderer.render
 
@@ -145,7 +145,7 @@ def test_the_prompt_and_the_seed_reach_the_session(runner, audio) -> None:
 
 
 def test_the_eval_refuses_a_publish_phase_it_does_not_know(runner, monkeypatch) -> None:
-    real = registry.phases
+    real = registry.family_phases
 
     def extra_publish_stage(config):
         phases = dict(real(config))

@@ -18,9 +18,9 @@ from talkloop.pipeline.models.portrait.motion import (
     load_motion,
     load_motion_config,
 )
-from talkloop.pipeline.models.studio.sampling import euler_sample
-from talkloop.pipeline.studio.dataset import make_clip
-from talkloop.pipeline.studio.params import FRAME_FIELDS
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
+from talkloop.pipeline.models.shared.sampling import euler_sample
+from talkloop.pipeline.synth.dataset import make_clip
 from talkloop.pipeline.train.metrics import lipsync
 
 pytestmark = pytest.mark.unit

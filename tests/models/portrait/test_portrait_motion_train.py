@@ -24,7 +24,7 @@ from talkloop.pipeline.models.portrait.train import (
     train_motion,
     validation_loss,
 )
-from talkloop.pipeline.studio.dataset import make_clip
+from talkloop.pipeline.synth.dataset import make_clip
 
 pytestmark = pytest.mark.unit  # ~20 s: espeak for a few clips, the text encoder, 20 steps
 
@@ -84,8 +84,8 @@ def test_features_are_what_the_audio_feature_stage_computes_chunk_by_chunk() -> 
     from talkloop.pipeline.core.module import Module
     from talkloop.pipeline.core.schedule import Timeline
     from talkloop.pipeline.core.stage import StageContext
+    from talkloop.pipeline.models.studio.data import audio_windows
     from talkloop.pipeline.stages.context import AudioFeatureStage
-    from talkloop.pipeline.train.data import audio_windows
 
     encoder = load_audio_encoder()
     clip = make_clip("train", 0, 0, render=False)

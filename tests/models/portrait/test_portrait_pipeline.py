@@ -10,7 +10,7 @@ import pytest
 from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import load_modules, load_reference
+from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
 
 from support import CollectSink, liven, tiny_config
 
@@ -37,7 +37,7 @@ def modules():
 
 @pytest.fixture(scope="module")
 def pipeline(modules) -> Pipeline:
-    return Pipeline(portrait_config(), modules)
+    return build_pipeline(portrait_config(), modules)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_every_sample_published_once_in_display_order(pipeline, reference, speec
 def test_session_state_size_is_constant(modules, reference, speech) -> None:
     """Rolling memory: the state after chunk 20 and after chunk 150 holds the same tensors."""
     config = portrait_config(schedule={"first_len": 2, "n_len": 3, "i_len": 1, "ctx_len": 1})
-    pipeline = Pipeline(config, modules)
+    pipeline = build_pipeline(config, modules)
     reports: dict[int, dict] = {}
 
     class Probe(CollectSink):
@@ -112,7 +112,10 @@ def test_session_state_size_is_constant(modules, reference, speech) -> None:
     session.render(looped[i : i + 640] for i in range(0, looped.shape[0], 640))
     assert set(reports) == {20, 150}
     assert reports[20] == reports[150]
-    assert {"ref_latent_lr", "context_latents", "context_audio", "audio"} <= set(reports[150])
+    assert {"a2v_reference", "context_latents", "context_audio", "audio"} <= set(reports[150])
+    # The renderer is counted with all it holds: at least the photo and its warp weights.
+    shape, kind, nbytes = reports[150]["renderer"]
+    assert kind == "PortraitRenderer" and nbytes > SIZE * SIZE * 3
 
 
 def test_a_reference_without_a_face_is_refused(pipeline) -> None:

@@ -17,8 +17,8 @@ from talkloop.pipeline.models.portrait import topology as topo
 from talkloop.pipeline.models.portrait.eyes import LID_SKIN
 from talkloop.pipeline.models.portrait.framing import Portrait, frame_portrait
 from talkloop.pipeline.models.portrait.mesh import STEP, exact_inverse, inverse_offsets
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.render import PortraitRenderer
-from talkloop.pipeline.studio.params import FRAME_FIELDS
 
 pytestmark = pytest.mark.unit
 

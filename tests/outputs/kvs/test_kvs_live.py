@@ -13,7 +13,7 @@ from talkloop.agent.clock import ManualClock
 from talkloop.agent.frames import AudioFrame
 from talkloop.agent.session import AvatarConfig, AvatarSession
 from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.pipeline.outputs.kvs import KvsSink
 from talkloop.rtc.app import live_config_dict
 
@@ -26,7 +26,7 @@ def test_live_session_mirrors_to_kvs(monkeypatch, tmp_path, tiny_modules, speech
     clean_aws_env(monkeypatch, tmp_path)
     base = tiny_config().model_dump(mode="json")
     base.pop("schedule")
-    pipeline = Pipeline(build_config(**live_config_dict(base)), tiny_modules)
+    pipeline = build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
     audio = np.rint(speech[:32000] * 32767).astype("<i2").tobytes()
 
     async def body(url: str):

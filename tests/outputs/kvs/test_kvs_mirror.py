@@ -19,6 +19,7 @@ from fake_kvs import FakeKvs
 from kvs_helpers import ACCESS_KEY, SECRET_KEY, STREAM, clean_aws_env, decode_mkv, kvs_threads
 
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.pipeline.outputs.kvs import KvsSink
 from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
@@ -37,7 +38,7 @@ def aws(monkeypatch, tmp_path) -> None:
 
 @pytest.fixture
 def pipeline(tiny_modules) -> Pipeline:
-    return Pipeline(tiny_config(), tiny_modules)
+    return build_pipeline(tiny_config(), tiny_modules)
 
 
 def mirror(url: str, **kw) -> KvsSink:

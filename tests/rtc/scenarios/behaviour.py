@@ -26,9 +26,9 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from talkloop.pipeline.audio.pcm import pcm16_to_float
 from talkloop.pipeline.bench.worker import looped_speech
-from talkloop.pipeline.core.graph import default_phases
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.stage import Stage, StageContext
+from talkloop.pipeline.models.registry import family_phases
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.client import WavMicrophone, run_call
 
@@ -152,7 +152,7 @@ THROTTLED = (75, 150)  # frames of media seconds 3-6
 
 async def slow_case() -> dict:
     base = tiny_live_pipeline(128)
-    phases = default_phases(base.config)
+    phases = family_phases(base.config)
     throttle = Throttle(base.info.fps, 2.5, *THROTTLED)
     phases["publish"].stages = [throttle, *phases["publish"].stages, FrameNumberStage()]
     pipeline = Pipeline(base.config, base.modules, phases)

@@ -12,9 +12,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/ for conft
 
 from talkloop.pipeline.core.clock import frame_start_sample  # noqa: E402
 from talkloop.pipeline.core.config import build_config  # noqa: E402
-from talkloop.pipeline.core.graph import default_phases  # noqa: E402
 from talkloop.pipeline.core.pipeline import Pipeline  # noqa: E402
 from talkloop.pipeline.core.stage import Stage, StageContext  # noqa: E402
+from talkloop.pipeline.models.registry import (
+    build_pipeline,
+    family_phases,  # noqa: E402
+)
 from talkloop.rtc.app import live_config_dict  # noqa: E402
 from talkloop.rtc.call import CallConfig  # noqa: E402
 from talkloop.rtc.server import AvatarServer  # noqa: E402
@@ -48,7 +51,7 @@ PAGE_STATS_JS = """async () => {
 def tiny_live_pipeline(size: int = 128) -> Pipeline:
     base = tiny_config(video={"width": size, "height": size}).model_dump(mode="json")
     base.pop("schedule")
-    return Pipeline.from_config(build_config(**live_config_dict(base)))
+    return build_pipeline(build_config(**live_config_dict(base)))
 
 
 async def start_server(pipeline: Pipeline, **kw) -> tuple[AvatarServer, str]:
@@ -87,7 +90,7 @@ class FrameNumberStage(Stage):
 
 def numbered(pipeline: Pipeline) -> Pipeline:
     """The same pipeline (shared modules) with ``FrameNumberStage`` after its publish stages."""
-    phases = default_phases(pipeline.config)
+    phases = family_phases(pipeline.config)
     phases["publish"].stages = [*phases["publish"].stages, FrameNumberStage()]
     return Pipeline(pipeline.config, pipeline.modules, phases)
 

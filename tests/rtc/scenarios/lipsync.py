@@ -25,9 +25,8 @@ import numpy as np
 from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.audio.io import load_audio
 from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.models.portrait.family import NATIVE_SIZES
-from talkloop.pipeline.models.registry import load_reference
+from talkloop.pipeline.models.registry import build_pipeline, load_reference
 from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.client import run_call
@@ -61,7 +60,7 @@ async def main() -> None:
     ).model_dump(mode="json")
     base.pop("schedule")
     config = build_config(**live_config_dict(base))
-    pipeline = numbered(await asyncio.to_thread(Pipeline.from_config, config))
+    pipeline = numbered(await asyncio.to_thread(build_pipeline, config))
     audio = FrameAudio()
     # No latency stamps: the frame numbers use those blocks.
     server, url = await start_server(

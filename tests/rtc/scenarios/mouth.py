@@ -18,16 +18,16 @@ import numpy as np
 from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.audio.io import load_audio
 from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.registry import build_pipeline
+from talkloop.pipeline.models.studio.data import mouth_crop
 from talkloop.pipeline.models.studio.family import (
     DEFAULT_REFERENCE_SEED,
     default_reference,
     installed_weights,
 )
+from talkloop.pipeline.models.studio.readout import load_readout, read_frames
 from talkloop.pipeline.reference import load_reference
-from talkloop.pipeline.studio.character import sample_character
-from talkloop.pipeline.train.data import mouth_crop
-from talkloop.pipeline.train.readout import load_readout, read_frames
+from talkloop.pipeline.synth.character import sample_character
 from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.client import run_call
@@ -43,7 +43,7 @@ LONGEST_S = 240.0  # a hang bound: one round of the plan (11 s) when the server 
 async def main() -> None:
     # What `talkloop serve --family studio` runs (its --backend default is auto).
     config = build_config(**live_config_dict({"model": {"family": "studio", "backend": "auto"}}))
-    pipeline = numbered(await asyncio.to_thread(Pipeline.from_config, config))
+    pipeline = numbered(await asyncio.to_thread(build_pipeline, config))
     ref = load_reference(default_reference(), 256, 256)
     audio = FrameAudio()
     server = AvatarServer(pipeline, ref, "", CallConfig(), 1, "", mirror_factory=lambda n: [audio])

@@ -10,8 +10,7 @@ from playwright.async_api import async_playwright
 
 from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import load_reference
+from talkloop.pipeline.models.registry import build_pipeline, load_reference
 from talkloop.rtc.app import live_config_dict
 
 from common import PAGE_STATS_JS, emit, start_server
@@ -31,7 +30,7 @@ async def main() -> None:
     ).model_dump(mode="json")
     base.pop("schedule")
     config = build_config(**live_config_dict(base))
-    pipeline = await asyncio.to_thread(Pipeline.from_config, config)
+    pipeline = await asyncio.to_thread(build_pipeline, config)
     server, url = await start_server(pipeline)
     server.reference = load_reference(config, None)  # the server's own avatar: the default
     opened = []
@@ -63,7 +62,7 @@ async def main() -> None:
         await asyncio.sleep(args.seconds)
         stats = await page.evaluate(PAGE_STATS_JS)
         await page.screenshot(path=args.screenshot)
-        used = opened[0].session.state.ref_latent.image.astype(np.int16)  # the call's photo
+        used = opened[0].session.state.fields["renderer"].image.astype(np.int16)  # the call's photo
         await page.click("#call")
         await asyncio.sleep(1.0)
         await browser.close()

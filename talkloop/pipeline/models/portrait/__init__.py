@@ -8,7 +8,7 @@ Publish: a renderer that warps the photo along its landmark mesh and paints the 
 
 from pathlib import Path
 
-from talkloop.pipeline.models.spec import FamilySpec, SizeRule
+from talkloop.pipeline.models.spec import FamilySpec, SizeRule, StateField
 
 SPEC = FamilySpec(
     name="portrait",
@@ -19,6 +19,9 @@ SPEC = FamilySpec(
     # Square 512 is the default; the framing keeps the face at the same share of any frame.
     native_sizes=((512, 512), (384, 384), (768, 768), (720, 1280)),
     block_modules=("a2v",),
+    state_fields=(
+        StateField("renderer", "the photo's renderer: the image, its mesh, warp weights"),
+    ),
     # Live calls: 3-frame chunks (120 ms) without I chunks; the sampler keeps its offline steps
     # (docs/benchmarks.md has the measurements behind each choice).
     live_schedule={"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2},

@@ -11,7 +11,7 @@ from talkloop.pipeline.core.errors import ConfigError
 def train(args: argparse.Namespace) -> int:
     """``talkloop train --family portrait``: the motion generator on studio clips' parameters."""
     from talkloop.pipeline.models.portrait.train import MotionTrainConfig, train_motion
-    from talkloop.pipeline.train.config import PHASES
+    from talkloop.pipeline.models.studio.recipe import PHASES
 
     studio_only = ["data", "clips_per_character", "resume"] + [f"steps_{p}" for p in PHASES]
     given = [f for f in studio_only if getattr(args, f) not in (None, False)]

@@ -47,11 +47,11 @@ from talkloop.pipeline.core.stage import Stage, StageContext
 from talkloop.pipeline.models import registry
 from talkloop.pipeline.models.portrait import family
 from talkloop.pipeline.models.portrait.motion import PortraitMotionConfig
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS, MOUTH_FIELDS
 from talkloop.pipeline.models.portrait.stages import PortraitReferenceStage, PortraitRenderStage
-from talkloop.pipeline.models.studio.sampling import euler_sample
-from talkloop.pipeline.studio.dataset import Clip, make_clip
-from talkloop.pipeline.studio.params import FRAME_FIELDS, MOUTH_FIELDS
-from talkloop.pipeline.studio.style import DESCRIBED_ABOVE, DESCRIBED_BELOW, field_phrases
+from talkloop.pipeline.models.shared.sampling import euler_sample
+from talkloop.pipeline.synth.dataset import Clip, make_clip
+from talkloop.pipeline.synth.style import DESCRIBED_ABOVE, DESCRIBED_BELOW, field_phrases
 from talkloop.pipeline.train.metrics import envelope, lag_correlations, lipsync, seam_ratio
 
 # The family's live schedule and sampler, as `talkloop serve` applies them.
@@ -176,10 +176,10 @@ class _Recorder:
 
 
 def eval_phases(config: TalkloopConfig) -> dict[str, Phase]:
-    """The portrait family's phases (``registry.phases``) with the renderer's publish stage
+    """The portrait family's phases (``registry.family_phases``) with the renderer's publish stage
     replaced by ``MotionParamsStage``; the reference stage replays its result for the same photo.
     """
-    phases = dict(registry.phases(config))
+    phases = dict(registry.family_phases(config))
     publish = phases["publish"]
     if [type(s) for s in publish.stages] != [PortraitRenderStage]:
         raise PipelineError(

@@ -446,7 +446,7 @@ def head_pose(landmarks: np.ndarray) -> tuple[float, float, float]:
 
     Returns:
         (yaw, pitch, roll) in radians: yaw > 0 turns the nose towards image-right, pitch > 0 tilts
-        it down, roll > 0 turns the face clockwise on screen (as talkloop/pipeline/studio's renderer).
+        it down, roll > 0 turns the face clockwise on screen (as talkloop/pipeline/synth's renderer).
     """
     lm = np.asarray(landmarks, np.float64)
     if lm.ndim != 2 or lm.shape[0] < 468 or lm.shape[1] != 3:

@@ -21,9 +21,9 @@ from talkloop.pipeline.core.errors import CheckpointError, ConfigError, InputErr
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.models.portrait import SPEC
 from talkloop.pipeline.models.portrait.motion import PortraitMotionConfig
-from talkloop.pipeline.models.studio.a2v import A2VDiT
-from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
-from talkloop.pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
+from talkloop.pipeline.models.shared.a2v import A2VDiT
+from talkloop.pipeline.models.shared.audio_encoder import AudioEncoder, AudioEncoderConfig
+from talkloop.pipeline.models.shared.text_encoder import TextEncoder, TextEncoderConfig
 
 if TYPE_CHECKING:
     from talkloop.pipeline.core.graph import Phase
@@ -112,8 +112,8 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
     with torch.random.fork_rng():
         torch.manual_seed(INIT_SEED)
         nets = {
-            "audio_encoder": StudioAudioEncoder(family.audio),
-            "text_encoder": StudioTextEncoder(family.text),
+            "audio_encoder": AudioEncoder(family.audio),
+            "text_encoder": TextEncoder(family.text),
             "a2v": A2VDiT(family.motion),
         }
     modules: dict[str, Module] = {}
@@ -163,7 +163,7 @@ def phases(config: TalkloopConfig) -> dict[str, Phase]:
     from talkloop.pipeline.core.graph import Phase
     from talkloop.pipeline.models.portrait.stages import PortraitReferenceStage, PortraitRenderStage
     from talkloop.pipeline.stages.a2v import chunk_phases
-    from talkloop.pipeline.stages.init import PromptStage
+    from talkloop.pipeline.stages.prompt import PromptStage
 
     return {
         "init": Phase(

@@ -1,8 +1,8 @@
 """The portrait family's motion generator: the studio A2V DiT over per-frame motion parameters.
 
 One token per frame: a chunk's "latents" are ``(F, 16, 1, 1)`` *normalised* motion parameters
-(``talkloop.pipeline.studio.params.FRAME_FIELDS`` order and units, then ``(x - mean) / std`` per field),
-so :class:`~talkloop.pipeline.models.studio.a2v.A2VDiT` with ``patch=1`` and the studio's
+(``talkloop.pipeline.models.portrait.params.FRAME_FIELDS`` order and units, then ``(x - mean) / std`` per field),
+so :class:`~talkloop.pipeline.models.shared.a2v.A2VDiT` with ``patch=1`` and the studio's
 ``euler_sample`` / ``flow_matching_loss`` run unchanged, and the N/I chunk stages of the studio
 family drive it as they drive the studio A2V. The per-field statistics were measured on the
 training clips and travel in the module's config JSON, so a weights folder is self-describing.
@@ -18,14 +18,14 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from talkloop.pipeline.core.module import Module, build_module
-from talkloop.pipeline.models.studio.a2v import A2VConfig, A2VDiT
-from talkloop.pipeline.studio.params import FRAME_FIELDS
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
+from talkloop.pipeline.models.shared.a2v import A2VConfig, A2VDiT
 
 NUM_FIELDS = len(FRAME_FIELDS)  # 16
 MODULE_NAME = "a2v"  # the pipeline's A2VStage asks for a module of this name
 STD_FLOOR = 1e-3  # a field that never moves in training keeps a finite scale
 
-# Valid range of every field in raw units (talkloop/pipeline/studio/params.py); sampled values are clipped.
+# Valid range of every field in raw units (talkloop/pipeline/models/portrait/params.py); sampled values are clipped.
 FIELD_RANGES: dict[str, tuple[float, float]] = {
     "mouth_open": (0.0, 1.0),
     "mouth_width": (-1.0, 1.0),

@@ -27,8 +27,8 @@ from talkloop.pipeline.models.portrait.mesh import (
     inverse_offsets,
 )
 from talkloop.pipeline.models.portrait.mouth import MouthPainter
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.rig import F, FaceRig
-from talkloop.pipeline.studio.params import FRAME_FIELDS
 
 INVERSE_STEPS = 3
 SEAM = 5.0  # pixels over which the exact mouth maps take over from the fixed-point ones

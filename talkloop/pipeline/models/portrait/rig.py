@@ -25,7 +25,7 @@ import numpy as np
 from talkloop.pipeline.models.portrait import topology as topo
 from talkloop.pipeline.models.portrait.face import head_pose
 from talkloop.pipeline.models.portrait.mesh import N_FACE, WarpMesh
-from talkloop.pipeline.studio.params import FRAME_FIELDS
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 
 F = {name: i for i, name in enumerate(FRAME_FIELDS)}
 

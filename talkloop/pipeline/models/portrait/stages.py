@@ -11,18 +11,18 @@ import numpy as np
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.stage import Stage, StageContext
 from talkloop.pipeline.models.portrait.blinks import blink_track
-from talkloop.pipeline.studio.params import FRAME_FIELDS
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 
 BLINK = FRAME_FIELDS.index("blink")
 
 
 class PortraitReferenceStage(Stage):
-    """Landmarks and person mask of the framed photo -> its renderer (the family's reference
-    "latent": the photo, its mesh and warp weights) and the motion net's rest parameters."""
+    """Landmarks and person mask of the framed photo -> its renderer (the photo, its mesh and
+    warp weights) and the motion net's rest parameters (the A2V's reference frame)."""
 
     name = "portrait_reference"
     reads = ("reference_image",)
-    writes = ("ref_latent", "ref_latent_lr")
+    writes = ("renderer", "a2v_reference")
     needs = ("a2v",)
 
     def run(self, ctx: StageContext) -> None:
@@ -36,8 +36,8 @@ class PortraitReferenceStage(Stage):
                 "no face found in the reference image: use a photo of one person facing the camera"
             )
         landmarks = face_landmarks(image, faces[0])  # (478, 3)
-        ctx.write("ref_latent", PortraitRenderer(image, landmarks, person_mask(image)))
-        ctx.write("ref_latent_lr", ctx.module("a2v").config.rest_latent())  # (1, 16, 1, 1)
+        ctx.write("renderer", PortraitRenderer(image, landmarks, person_mask(image)))
+        ctx.write("a2v_reference", ctx.module("a2v").config.rest_latent())  # (1, 16, 1, 1)
 
 
 class PortraitRenderStage(Stage):
@@ -45,7 +45,7 @@ class PortraitRenderStage(Stage):
     ``blinks.py``) -> frames warped from the photo."""
 
     name = "render"
-    reads = ("segment_latents", "segment_start", "seed", "ref_latent")
+    reads = ("segment_latents", "segment_start", "seed", "renderer")
     writes = ("frames",)
     needs = ("a2v",)
 
@@ -56,4 +56,4 @@ class PortraitRenderStage(Stage):
         params = ctx.module("a2v").config.denormalise(ctx.read("segment_latents"))  # (T, 16)
         blinks = blink_track(ctx.read("seed"), ctx.read("segment_start"), len(params), self.fps)
         params[:, BLINK] = np.maximum(params[:, BLINK], blinks)
-        ctx.write("frames", ctx.read("ref_latent").render(params))  # (T, H, W, 3) uint8
+        ctx.write("frames", ctx.read("renderer").render(params))  # (T, H, W, 3) uint8

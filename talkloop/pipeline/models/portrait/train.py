@@ -31,13 +31,13 @@ from talkloop.pipeline.console import progress_bar
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.models.portrait.motion import MODULE_NAME, PortraitMotionConfig, build_motion
-from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
-from talkloop.pipeline.models.studio.sampling import flow_matching_loss
-from talkloop.pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
-from talkloop.pipeline.studio.dataset import make_clip
-from talkloop.pipeline.studio.params import FRAME_FIELDS
-from talkloop.pipeline.studio.style import describe
-from talkloop.pipeline.train.data import audio_windows
+from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
+from talkloop.pipeline.models.shared.audio_encoder import AudioEncoder, AudioEncoderConfig
+from talkloop.pipeline.models.shared.sampling import flow_matching_loss
+from talkloop.pipeline.models.shared.text_encoder import TextEncoder, TextEncoderConfig
+from talkloop.pipeline.models.studio.data import audio_windows
+from talkloop.pipeline.synth.dataset import make_clip
+from talkloop.pipeline.synth.style import describe
 
 STUDIO_WEIGHTS = Path(__file__).parents[1] / "studio" / "weights"
 # Frozen modules the portrait folder carries along (copied from the studio weights).
@@ -157,16 +157,16 @@ class MotionData:
         return np.diff(self.starts)
 
 
-def load_audio_encoder(folder: Path = STUDIO_WEIGHTS) -> StudioAudioEncoder:
+def load_audio_encoder(folder: Path = STUDIO_WEIGHTS) -> AudioEncoder:
     """The shipped studio audio encoder, frozen."""
     cfg = AudioEncoderConfig.model_validate_json((folder / "audio_encoder.json").read_text())
-    module = Module("audio_encoder", cfg, StudioAudioEncoder(cfg))
+    module = Module("audio_encoder", cfg, AudioEncoder(cfg))
     module.load(folder)
     return module.net
 
 
 @torch.no_grad()
-def audio_features(audio: np.ndarray, frames: int, fps: int, encoder: StudioAudioEncoder) -> Tensor:
+def audio_features(audio: np.ndarray, frames: int, fps: int, encoder: AudioEncoder) -> Tensor:
     """(frames, D) features of a whole clip, as ``AudioFeatureStage`` computes them chunk by chunk
     (one window per frame ending the look-ahead after it; normalisation from a fresh state)."""
     cfg = encoder.cfg
@@ -183,8 +183,8 @@ def build_data(
     count: int,
     seed: int,
     variants: int,
-    encoder: StudioAudioEncoder,
-    text_encoder: StudioTextEncoder,
+    encoder: AudioEncoder,
+    text_encoder: TextEncoder,
     min_frames: int = 1,
     progress: bool = True,
 ) -> MotionData:
@@ -263,8 +263,8 @@ def cached_data(
     count: int,
     seed: int,
     variants: int,
-    encoder: StudioAudioEncoder,
-    text_encoder: StudioTextEncoder,
+    encoder: AudioEncoder,
+    text_encoder: TextEncoder,
     min_frames: int,
     progress: bool,
 ) -> MotionData:
@@ -438,7 +438,7 @@ class MotionTrainer:
     def data(self) -> tuple[MotionData, MotionData | None]:
         cfg = self.cfg
         encoder = load_audio_encoder()
-        text_encoder = StudioTextEncoder(TextEncoderConfig())
+        text_encoder = TextEncoder(TextEncoderConfig())
         args = (encoder, text_encoder, cfg.max_frames, self.progress)
         train = cached_data(self.cache, "train", cfg.clips, cfg.seed, cfg.prompt_variants, *args)
         val = None

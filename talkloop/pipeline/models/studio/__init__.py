@@ -6,7 +6,7 @@ A2V DiT, SR DiT, mouth net) and the stages; ``backend.py`` runs the hot ones as 
 
 from pathlib import Path
 
-from talkloop.pipeline.models.spec import FamilySpec, SizeRule
+from talkloop.pipeline.models.spec import FamilySpec, SizeRule, StateField
 
 SPEC = FamilySpec(
     name="studio",
@@ -16,6 +16,13 @@ SPEC = FamilySpec(
     size_rule=SizeRule(32, 64, 1024),
     native_sizes=((256, 256),),
     block_modules=("a2v", "sr"),
+    state_fields=(
+        StateField("ref_latent", "(1, C, h, w) the reference as encoded, kept for prompt changes"),
+        StateField("ref_latent_hr", "(1, C, h, w) with the prompt's expression: SR's reference"),
+        StateField(
+            "decoder_cache", "the streaming decoder's last few latent frames", starts_empty=True
+        ),
+    ),
     # Live calls: 5-frame chunks without I chunks and 2 Euler steps, the shortest chunks that keep
     # up on a 2-core CPU (docs/benchmarks.md has the measurements behind each choice).
     live_schedule={"first_len": 2, "n_len": 5, "i_len": 0, "ctx_len": 2},

@@ -23,7 +23,7 @@ from talkloop.pipeline.backends.graph import GraphForward, Shapes
 from talkloop.pipeline.backends.quantize import quantize_int8
 from talkloop.pipeline.backends.runtime import Runner, graph_threads
 from talkloop.pipeline.core.config import TalkloopConfig
-from talkloop.pipeline.models.studio.a2v import A2VDiT
+from talkloop.pipeline.models.shared.a2v import A2VDiT
 from talkloop.pipeline.models.studio.vae import Decoder, StudioVAE
 
 # Part of the int8 decoder's cache key: bump when the calibration set, the recipe or
@@ -100,8 +100,8 @@ def _weights_dtype(net: nn.Module) -> torch.dtype:
 def _calibration_latents(vae: StudioVAE, width: int, height: int) -> tuple[Tensor, ...]:
     """Per calibration clip, (CALIBRATION_FRAMES, C, h, w) VAE latents of its frames rendered
     at ``width`` x ``height``."""
-    from talkloop.pipeline.studio.dataset import make_clip
-    from talkloop.pipeline.studio.renderer import Renderer
+    from talkloop.pipeline.synth.dataset import make_clip
+    from talkloop.pipeline.synth.renderer import Renderer
 
     out = []
     for index in CALIBRATION_CLIPS:
@@ -144,7 +144,7 @@ def attach_backend(nets: dict[str, nn.Module], backend: str) -> None:
 def warm_up(nets: dict[str, nn.Module], config: TalkloopConfig) -> None:
     """Export, quantise and compile every graph ``config``'s sessions run, now rather than in
     a session's first chunks (a first use costs seconds; the files are cached on disk)."""
-    from talkloop.pipeline.stages.decode import micro_batch
+    from talkloop.pipeline.models.studio.stages import micro_batch
 
     vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
     a2v: A2VDiT = nets["a2v"]  # type: ignore[assignment]
@@ -171,7 +171,7 @@ def _probes(nets: dict[str, nn.Module], config: TalkloopConfig, dtype: str):
     import contextlib
     import copy
 
-    from talkloop.pipeline.stages.decode import micro_batch
+    from talkloop.pipeline.models.studio.stages import micro_batch
 
     autocast_bf16 = dtype == "bfloat16"
     g = torch.Generator().manual_seed(0)
@@ -292,7 +292,7 @@ class DecoderGraph(nn.Module):
 def cells_to_frames(cells: Tensor) -> Tensor:
     """:class:`DecoderGraph`'s ``(T, 2h, 2w, 48)`` -> frames ``(T, 3, 8h, 8w)``, the decoder's
     output: a channels-last view of one contiguous ``(T, 8h, 8w, 3)`` copy (so
-    :func:`talkloop.pipeline.stages.decode.to_uint8` reads it in order)."""
+    :func:`talkloop.pipeline.models.studio.stages.to_uint8` reads it in order)."""
     t, h, w, _ = cells.shape
     hwc = torch.empty((t, h, 4, w, 12), dtype=torch.float32)
     hwc.copy_(cells.view(t, h, w, 4, 12).permute(0, 1, 3, 2, 4))

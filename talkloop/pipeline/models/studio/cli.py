@@ -10,8 +10,8 @@ from talkloop.pipeline.core.errors import ConfigError
 
 def train(args: argparse.Namespace) -> int:
     """``talkloop train --family studio``: every network on rendered clips."""
-    from talkloop.pipeline.train.config import PHASES, TrainConfig
-    from talkloop.pipeline.train.trainer import train
+    from talkloop.pipeline.models.studio.recipe import PHASES, TrainConfig
+    from talkloop.pipeline.models.studio.train import train
 
     if args.steps is not None:
         raise ConfigError("--steps is not a studio option; studio phases take --steps-<phase>")
@@ -21,7 +21,7 @@ def train(args: argparse.Namespace) -> int:
             flags = " and ".join("--" + f.replace("_", "-") for f in given)
             raise ConfigError(
                 f"{flags} only shape generated clips; --data {args.data} already has its clips "
-                "(make them with `talkloop studio dataset --clips N --characters M`)"
+                "(make them with `talkloop synth dataset --clips N --characters M`)"
             )
     cfg = TrainConfig.recipe(args.preset)
     updates: dict[str, object] = {"seed": args.seed}
@@ -45,7 +45,7 @@ def train(args: argparse.Namespace) -> int:
             updates[phase] = getattr(cfg, phase).model_copy(update={"steps": steps})
     cfg = TrainConfig.model_validate({**cfg.model_dump(), **updates})
     if args.data is not None and not (args.data / "index.jsonl").is_file():
-        raise ConfigError(f"--data {args.data} has no index.jsonl (see `talkloop studio dataset`)")
+        raise ConfigError(f"--data {args.data} has no index.jsonl (see `talkloop synth dataset`)")
     out = train(cfg, args.out, args.data, resume=args.resume, progress=not args.quiet)
     print(f"wrote weights to {out} (use: talkloop render --weights {out} ...)")
     return 0
@@ -53,8 +53,8 @@ def train(args: argparse.Namespace) -> int:
 
 def evaluate_cli(args: argparse.Namespace) -> int:
     """``talkloop eval --family studio``: lip sync, seams and drift on held-out studio clips."""
-    from talkloop.pipeline.cli import config_from_args
-    from talkloop.pipeline.train.evaluate import evaluate
+    from talkloop.pipeline.args import config_from_args
+    from talkloop.pipeline.models.studio.evaluate import evaluate
 
     config = config_from_args(args)
     result = evaluate(
@@ -64,7 +64,7 @@ def evaluate_cli(args: argparse.Namespace) -> int:
     print("  ".join(f"{k}={result[k]:.3g}" for k in keys if result.get(k) is not None))
     print(f"wrote {args.out / 'eval.json'} and {args.out / 'eval.png'}")
     if args.card:
-        from talkloop.pipeline.train.card import write_model_card
+        from talkloop.pipeline.models.studio.card import write_model_card
 
         if result["weights"] is None:
             raise ConfigError("--card needs trained weights (--weights DIR or installed ones)")

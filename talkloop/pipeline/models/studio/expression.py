@@ -17,7 +17,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from talkloop.pipeline.models.studio.layers import FiLMEditor
+from talkloop.pipeline.models.shared.layers import FiLMEditor
 
 
 class ExpressionConfig(BaseModel):

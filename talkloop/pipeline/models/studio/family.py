@@ -18,13 +18,13 @@ from torch import nn
 
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.shared.a2v import A2VConfig, A2VDiT
+from talkloop.pipeline.models.shared.audio_encoder import AudioEncoder, AudioEncoderConfig
+from talkloop.pipeline.models.shared.text_encoder import TextEncoder, TextEncoderConfig
 from talkloop.pipeline.models.studio import SPEC
-from talkloop.pipeline.models.studio.a2v import A2VConfig, A2VDiT
-from talkloop.pipeline.models.studio.audio_encoder import AudioEncoderConfig, StudioAudioEncoder
 from talkloop.pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
 from talkloop.pipeline.models.studio.mouth import MouthConfig, MouthNet
 from talkloop.pipeline.models.studio.sr import SRConfig, SRDiT
-from talkloop.pipeline.models.studio.text_encoder import StudioTextEncoder, TextEncoderConfig
 from talkloop.pipeline.models.studio.vae import StudioVAE, VAEConfig
 
 if TYPE_CHECKING:
@@ -117,8 +117,8 @@ def build_networks(config: StudioConfig) -> dict[str, nn.Module]:
     """
     nets: dict[str, nn.Module] = {
         "vae": StudioVAE(config.vae),
-        "audio_encoder": StudioAudioEncoder(config.audio),
-        "text_encoder": StudioTextEncoder(config.text),
+        "audio_encoder": AudioEncoder(config.audio),
+        "text_encoder": TextEncoder(config.text),
         "expression": ExpressionNet(config.expression),
         "a2v": A2VDiT(config.a2v),
         "sr": SRDiT(config.sr),
@@ -240,7 +240,7 @@ def _family_from_folder(folder: Path):
 
 
 DEFAULT_REFERENCE = Path(__file__).parent / "default_reference.png"
-# The default avatar is studio character 21 (`talkloop studio character --seed 21`).
+# The default avatar is studio character 21 (`talkloop synth character --seed 21`).
 DEFAULT_REFERENCE_SEED = 21
 
 
@@ -278,11 +278,15 @@ def load_reference(
 def phases(config: TalkloopConfig) -> dict[str, Phase]:
     """The studio pipeline: VAE latents through A2V, SR and the mouth net to the decoder."""
     from talkloop.pipeline.core.graph import Phase
+    from talkloop.pipeline.models.studio.stages import (
+        DecodeStage,
+        ExpressionStage,
+        MouthStage,
+        ReferenceStage,
+        SRStage,
+    )
     from talkloop.pipeline.stages.a2v import chunk_phases
-    from talkloop.pipeline.stages.decode import DecodeStage
-    from talkloop.pipeline.stages.init import ExpressionStage, PromptStage, ReferenceStage
-    from talkloop.pipeline.stages.mouth import MouthStage
-    from talkloop.pipeline.stages.sr import SRStage
+    from talkloop.pipeline.stages.prompt import PromptStage
 
     return {
         "init": Phase(

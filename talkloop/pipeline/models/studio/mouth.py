@@ -24,7 +24,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
-from talkloop.pipeline.models.studio.layers import FiLMEditor
+from talkloop.pipeline.models.shared.layers import FiLMEditor
 
 # The studio's per-frame parameters the mouth path predicts and conditions on (FRAME_FIELDS names).
 MOUTH_FIELDS = ("mouth_open", "mouth_width", "mouth_round", "teeth", "tongue", "jaw")

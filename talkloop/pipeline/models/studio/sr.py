@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
-from talkloop.pipeline.models.studio.layers import (
+from talkloop.pipeline.models.shared.layers import (
     Mlp,
     SelfAttention,
     patchify,
