@@ -41,6 +41,35 @@ class CollectSink:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
 
 
+# -- test signals ---------------------------------------------------------------------------------
+
+
+def tone(n: int, rate: int, hz: float = 440.0, amp: float = 0.5, dtype=np.float32) -> np.ndarray:
+    """``n`` samples at ``rate`` of a sine at ``hz`` with peak ``amp``, starting at phase 0."""
+    t = np.arange(n) / rate
+    return (amp * np.sin(2 * np.pi * hz * t)).astype(dtype)
+
+
+def tone_pcm16(n: int, rate: int, hz: float = 440.0, amp: float = 0.5) -> np.ndarray:
+    """``tone`` as little-endian 16-bit PCM (``.tobytes()`` for the wire)."""
+    return (tone(n, rate, hz, amp, np.float64) * 32767).astype("<i2")
+
+
+def band_share(x: np.ndarray, rate: int, lo: float, hi: float) -> float:
+    """Share of the power (DC aside) of ``x`` that lies in ``[lo, hi]`` Hz."""
+    spec = np.abs(np.fft.rfft(x * np.hanning(x.shape[0]))) ** 2
+    freqs = np.fft.rfftfreq(x.shape[0], 1 / rate)
+    return float(spec[(freqs >= lo) & (freqs <= hi)].sum() / max(spec[1:].sum(), 1e-20))
+
+
+def loudest_second(x: np.ndarray, rate: int) -> np.ndarray:
+    """The loudest whole second of ``x`` (on a 100 ms grid); all of ``x`` if it is shorter."""
+    step = rate // 10
+    energy = [float(np.sum(x[i : i + rate] ** 2)) for i in range(0, x.shape[0] - rate + 1, step)]
+    start = int(np.argmax(energy)) * step if energy else 0
+    return x[start : start + rate]
+
+
 def make_reference(width: int = 64, height: int = 64, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]

@@ -8,6 +8,8 @@ import pytest
 from talkloop.agent.clock import ManualClock, MediaClock
 from talkloop.agent.driver import AudioDriver
 
+from support import tone
+
 pytestmark = pytest.mark.unit
 
 RATE, BLOCK = 16000, 320
@@ -20,16 +22,11 @@ def make_driver() -> tuple[AudioDriver, list[np.ndarray], ManualClock]:
     return driver, pushed, clock
 
 
-def tone(blocks: int) -> np.ndarray:
-    t = np.arange(blocks * BLOCK) / RATE
-    return (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-
-
 def test_quiet_backlog_is_dropped_so_speech_after_it_plays_at_once() -> None:
     driver, pushed, clock = make_driver()
     for _ in range(6):  # 120 ms of near-silence queued ahead of the speech
         driver.add_mic(np.full(BLOCK, 1e-4, np.float32), arrived_at=0.0)
-    speech = tone(2)
+    speech = tone(2 * BLOCK, RATE, hz=220, amp=0.2)
     driver.add_mic(speech[:BLOCK], arrived_at=0.0)
     driver.add_mic(speech[BLOCK:], arrived_at=0.0)
     driver.produce_due(clock.now())
@@ -41,7 +38,7 @@ def test_quiet_backlog_is_dropped_so_speech_after_it_plays_at_once() -> None:
 
 def test_speech_backlog_is_never_trimmed() -> None:
     driver, pushed, clock = make_driver()
-    speech = tone(5)
+    speech = tone(5 * BLOCK, RATE, hz=220, amp=0.2)
     for k in range(5):
         driver.add_mic(speech[k * BLOCK : (k + 1) * BLOCK], arrived_at=0.0)
     for k in range(5):

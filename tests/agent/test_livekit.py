@@ -20,7 +20,7 @@ from talkloop.agent.adapters.livekit import TalkloopVideoGenerator, avatar_optio
 from talkloop.agent.frames import PlaybackFinished  # noqa: E402
 from talkloop.agent.session import AvatarConfig, AvatarSession  # noqa: E402
 
-from support import make_reference  # noqa: E402
+from support import make_reference, tone_pcm16  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -43,11 +43,6 @@ class _Runner(lk.AvatarRunner):
 
     async def _publish_track(self) -> None:
         self._video_publication = object()  # type: ignore[assignment]
-
-
-def tone(seconds: float, rate: int) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
 
 
 async def speak(output, pcm: np.ndarray, rate: int) -> None:
@@ -83,13 +78,14 @@ def test_livekit_runner_plays_segments_and_interrupts(live_pipeline) -> None:
 
         runner.av_sync.push = record  # type: ignore[method-assign]
         await runner.start()
-        await speak(output, tone(0.6, 24000), 24000)  # faster than real time
+        short = tone_pcm16(14400, 24000, hz=220, amp=0.3)  # 0.6 s
+        await speak(output, short, 24000)  # faster than real time
         output.flush()
         for _ in range(100):
             if finished:
                 break
             await asyncio.sleep(0.05)
-        await speak(output, tone(3.0, 24000), 24000)
+        await speak(output, tone_pcm16(72000, 24000, hz=220, amp=0.3), 24000)  # 3 s
         output.flush()
         await asyncio.sleep(1.0)
         output.clear_buffer()  # the agent was interrupted

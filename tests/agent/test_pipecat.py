@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 
 pytest.importorskip("pipecat.tests.utils", reason="pipecat-ai is not installed")
@@ -22,14 +21,13 @@ from talkloop.agent.adapters.pipecat import TalkloopAvatarProcessor  # noqa: E40
 from talkloop.agent.frames import PlaybackFinished  # noqa: E402
 from talkloop.agent.session import AvatarConfig, AvatarSession  # noqa: E402
 
-from support import make_reference  # noqa: E402
+from support import make_reference, tone_pcm16  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
 
 def tts_frames(seconds: float, rate: int = 24000) -> list[TTSAudioRawFrame]:
-    t = np.arange(int(seconds * rate)) / rate
-    pcm = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    pcm = tone_pcm16(int(seconds * rate), rate, hz=220, amp=0.3)
     step = rate // 50
     return [
         TTSAudioRawFrame(audio=pcm[i : i + step].tobytes(), sample_rate=rate, num_channels=1)

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 
-import numpy as np
 import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
@@ -15,7 +14,7 @@ from websockets.exceptions import ConnectionClosed
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.server import AvatarServer
 
-from support import make_reference
+from support import make_reference, tone_pcm16
 
 pytestmark = pytest.mark.unit
 
@@ -28,11 +27,6 @@ async def until(ws, kind: str, timeout: float = 20) -> dict:
                 return msg
 
     return await asyncio.wait_for(wait(), timeout)
-
-
-def tone_pcm(seconds: float, rate: int) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2").tobytes()
 
 
 async def drain(avatar) -> None:
@@ -77,7 +71,7 @@ def test_agent_protocol_events_and_bad_input(live_pipeline) -> None:
                         await agent.send(raw)
                         errors.append(await until(agent, "error"))
                     # OpenAI Realtime deltas (24 kHz by default), labelled with their item
-                    pcm = tone_pcm(0.5, 24000)
+                    pcm = tone_pcm16(12000, 24000, hz=220, amp=0.3).tobytes()
                     for i in range(0, len(pcm), 4800):
                         delta = base64.b64encode(pcm[i : i + 4800]).decode()
                         await agent.send(
@@ -94,7 +88,7 @@ def test_agent_protocol_events_and_bad_input(live_pipeline) -> None:
                     done = await until(agent, "playback_finished")
                     # binary PCM at a declared rate; a flood beyond the queue limit
                     await agent.send(json.dumps({"type": "audio_format", "sample_rate": 16000}))
-                    flood = tone_pcm(0.5, 16000)
+                    flood = tone_pcm16(8000, 16000, hz=220, amp=0.3).tobytes()
                     for _ in range(10):  # 5 s against a 2 s limit
                         await agent.send(flood)
                     busy = await until(agent, "error")

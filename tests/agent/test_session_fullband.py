@@ -14,30 +14,11 @@ from talkloop.agent.frames import AudioFrame, VideoFrame
 from talkloop.agent.session import AvatarConfig, AvatarSession
 from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
-from support import advance, make_reference
+from support import advance, band_share, loudest_second, make_reference, tone
 
 pytestmark = pytest.mark.unit
 
 OUT = 48000
-
-
-def tone(seconds: float, rate: int, hz: float, amp: float = 0.3) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (amp * np.sin(2 * np.pi * hz * t)).astype(np.float32)
-
-
-def band_share(x: np.ndarray, rate: int, lo: float, hi: float) -> float:
-    """Share of the power (DC aside) of ``x`` that lies in ``[lo, hi]`` Hz."""
-    spec = np.abs(np.fft.rfft(x * np.hanning(x.shape[0]))) ** 2
-    freqs = np.fft.rfftfreq(x.shape[0], 1 / rate)
-    return float(spec[(freqs >= lo) & (freqs <= hi)].sum() / max(spec[1:].sum(), 1e-20))
-
-
-def loudest_second(x: np.ndarray, rate: int) -> np.ndarray:
-    step = rate // 10
-    energy = [float(np.sum(x[i : i + rate] ** 2)) for i in range(0, x.shape[0] - rate + 1, step)]
-    start = int(np.argmax(energy)) * step
-    return x[start : start + rate]
 
 
 def speak(pipeline, source: np.ndarray, rate: int, seconds: float, mirrors=(), tap=None):
@@ -87,7 +68,7 @@ def output_audio(out: list) -> np.ndarray:
 
 
 def test_a_12khz_tone_at_48khz_leaves_with_its_energy(live_pipeline) -> None:
-    avatar, out, fed = speak(live_pipeline, tone(1.0, OUT, 12000), OUT, 1.8)
+    avatar, out, fed = speak(live_pipeline, tone(OUT, OUT, hz=12000, amp=0.3), OUT, 1.8)
     audio = output_audio(out)
     assert avatar.sample_rate == OUT
     assert all(f.sample_rate == OUT for f in out if isinstance(f, AudioFrame))
@@ -104,7 +85,9 @@ def test_sound_and_lips_stay_on_one_clock(live_pipeline, rate) -> None:
     """The sound that plays at a media time is the sound the model made that time's frame from:
     a tone burst's onset sits at the same media time in the output (48 kHz) and in what the
     model read (16 kHz), and every frame's pts points at that one timeline."""
-    burst = np.concatenate([np.zeros(rate // 2, np.float32), tone(0.5, rate, 1000, 0.5)])
+    burst = np.concatenate(
+        [np.zeros(rate // 2, np.float32), tone(rate // 2, rate, hz=1000, amp=0.5)]
+    )
     avatar, out, fed = speak(live_pipeline, burst, rate, 1.8)
     audio = output_audio(out)
     heard_s = int(np.argmax(np.abs(audio) > 0.1)) / OUT
@@ -118,7 +101,8 @@ def test_sound_and_lips_stay_on_one_clock(live_pipeline, rate) -> None:
 
 def test_a_mirror_records_the_full_band_audio_in_sync(live_pipeline, tmp_path) -> None:
     path = tmp_path / "mirror.mp4"
-    speak(live_pipeline, tone(1.0, 24000, 10000), 24000, 1.8, mirrors=[Mp4Sink(path)])
+    speech = tone(24000, 24000, hz=10000, amp=0.3)
+    speak(live_pipeline, speech, 24000, 1.8, mirrors=[Mp4Sink(path)])
     with av.open(str(path)) as c:
         a, v = c.streams.audio[0], c.streams.video[0]
         rate = a.codec_context.sample_rate

@@ -18,13 +18,11 @@ from talkloop.pipeline.audio.io import (
 )
 from talkloop.pipeline.core.errors import InputError
 
+from support import tone
+
 pytestmark = pytest.mark.unit
 
 SR = 16000  # the rate the pipeline asks for
-
-
-def sine(n: int, rate: int, freq: float = 440.0, amp: float = 0.5) -> np.ndarray:
-    return (amp * np.sin(2 * np.pi * freq * np.arange(n) / rate)).astype(np.float32)
 
 
 def encode(path: Path, samples: np.ndarray, rate: int, codec: str, fmt: str | None = None) -> Path:
@@ -67,7 +65,7 @@ def best_corr(y: np.ndarray, ref: np.ndarray, max_lag: int) -> tuple[float, int]
 @pytest.mark.parametrize("channels", [1, 2])
 @pytest.mark.parametrize("sample_fmt", ["int16", "float"])
 def test_wav_any_rate_channels_and_sample_format(tmp_path, rate, channels, sample_fmt):
-    x = sine(rate, rate)  # one second
+    x = tone(rate, rate)  # one second
     stereo = np.stack([x] * channels, axis=1)
     path = tmp_path / "a.wav"
     if sample_fmt == "int16":
@@ -79,13 +77,13 @@ def test_wav_any_rate_channels_and_sample_format(tmp_path, rate, channels, sampl
     assert abs(y.shape[0] - SR) <= 2
     # Identical channels average to the same signal: amplitude 0.5, not FFmpeg's +3 dB 0.707.
     assert abs(float(np.abs(y[100:-100]).max()) - 0.5) < 0.01
-    ref = sine(y.shape[0], SR)
+    ref = tone(y.shape[0], SR)
     corr = np.corrcoef(y[200:-200], ref[200:-200])[0, 1]
     assert corr > 0.999
 
 
 def test_stereo_downmix_is_the_channel_mean_and_stays_in_range(tmp_path):
-    x = sine(SR, SR, amp=0.99)
+    x = tone(SR, SR, amp=0.99)
     write_wav(tmp_path / "same.wav", np.stack([x, x], 1), SR)
     write_wav(tmp_path / "anti.wav", np.stack([x, -x], 1), SR)
     same = load_audio(tmp_path / "same.wav", SR)
@@ -104,18 +102,18 @@ def test_stereo_downmix_is_the_channel_mean_and_stays_in_range(tmp_path):
     ],
 )
 def test_compressed_formats(tmp_path, name, codec, fmt, rate, max_lag):
-    x = sine(rate, rate, freq=330.0)
+    x = tone(rate, rate, hz=330.0)
     y = load_audio(encode(tmp_path / name, np.stack([x, x], 1), rate, codec, fmt), SR)
     assert y.dtype == np.float32 and float(np.abs(y).max()) <= 1.0
     assert abs(y.shape[0] - SR) < 0.1 * SR  # codecs pad to whole frames
-    corr, lag = best_corr(y[:12000], sine(12000, SR, freq=330.0), max_lag)
+    corr, lag = best_corr(y[:12000], tone(12000, SR, hz=330.0), max_lag)
     assert corr > 0.98, (corr, lag)
 
 
 def test_audio_track_of_a_video_file(tmp_path):
     path = tmp_path / "clip.mp4"
     rate = 48000
-    x = sine(rate, rate)
+    x = tone(rate, rate)
     with av.open(str(path), "w") as c:
         v = c.add_stream("libx264", rate=25)
         v.width, v.height, v.pix_fmt = 64, 64, "yuv420p"
@@ -135,7 +133,7 @@ def test_audio_track_of_a_video_file(tmp_path):
                 c.mux(p)
     y = load_audio(path, SR)
     assert abs(y.shape[0] - SR) < 0.05 * SR
-    assert best_corr(y[:12000], sine(12000, SR), 400)[0] > 0.98
+    assert best_corr(y[:12000], tone(12000, SR), 400)[0] > 0.98
 
 
 # -- bad input -----------------------------------------------------------------------------------
@@ -160,19 +158,19 @@ def _bad(tmp_path: Path, case: str) -> Path:
         write_wav(tmp_path / "silent.wav", np.zeros(0, np.float32), SR)
         return tmp_path / "silent.wav"
     if case == "truncated_header":
-        write_wav(tmp_path / "full.wav", sine(SR, SR), SR)
+        write_wav(tmp_path / "full.wav", tone(SR, SR), SR)
         (tmp_path / "cut.wav").write_bytes((tmp_path / "full.wav").read_bytes()[:30])
         return tmp_path / "cut.wav"
     if case == "corrupt_stream":
         # A valid m4a whose middle third is random bytes: the demuxer opens it, decoding fails.
-        src = encode(tmp_path / "ok.m4a", sine(SR * 2, SR)[:, None], SR, "aac", "mp4")
+        src = encode(tmp_path / "ok.m4a", tone(SR * 2, SR)[:, None], SR, "aac", "mp4")
         data = bytearray(src.read_bytes())
         n = len(data)
         data[n // 3 : 2 * n // 3] = np.random.default_rng(0).bytes(2 * n // 3 - n // 3)
         (tmp_path / "bad.m4a").write_bytes(bytes(data))
         return tmp_path / "bad.m4a"
     if case == "garbage_after_header":
-        src = encode(tmp_path / "ok.flac", sine(SR, SR)[:, None], SR, "flac")
+        src = encode(tmp_path / "ok.flac", tone(SR, SR)[:, None], SR, "flac")
         data = src.read_bytes()
         noise = np.random.default_rng(1).bytes(len(data) - 200)
         (tmp_path / "bad.flac").write_bytes(data[:200] + noise)
@@ -209,15 +207,15 @@ def test_bad_input_names_problem_and_file(tmp_path, case, problem):
 
 @pytest.mark.parametrize(("src", "dst"), [(48000, 16000), (16000, 48000), (44100, 16000)])
 def test_resample_keeps_length_and_signal(src, dst):
-    y = resample(sine(src, src), src, dst)
+    y = resample(tone(src, src), src, dst)
     assert y.dtype == np.float32
     assert abs(y.shape[0] - dst) <= 1
-    ref = sine(y.shape[0], dst)
+    ref = tone(y.shape[0], dst)
     assert np.corrcoef(y[100:-100], ref[100:-100])[0, 1] > 0.999
 
 
 def test_resample_same_rate_is_a_copy():
-    x = sine(100, SR)
+    x = tone(100, SR)
     y = resample(x, SR, SR)
     np.testing.assert_array_equal(x, y)
     assert y is not x
@@ -229,5 +227,5 @@ def test_pcm16_round_trip_and_wav(tmp_path):
     assert pcm.tolist() == [0, 16384, -16384, 32767, -32767, 32767]  # clipped, rounded
     back = pcm16_to_float(pcm.tobytes())
     np.testing.assert_allclose(back, np.clip(x, -1, 1), atol=1 / 32768)
-    write_wav(tmp_path / "x.wav", sine(SR, SR), SR)
-    np.testing.assert_allclose(load_audio(tmp_path / "x.wav", SR), sine(SR, SR), atol=1e-4)
+    write_wav(tmp_path / "x.wav", tone(SR, SR), SR)
+    np.testing.assert_allclose(load_audio(tmp_path / "x.wav", SR), tone(SR, SR), atol=1e-4)

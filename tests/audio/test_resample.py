@@ -10,11 +10,9 @@ import pytest
 from talkloop.agent.text import MAX_TEXT_CHARS, TextError, check_text
 from talkloop.pipeline.audio.resample import StreamResampler, resample
 
+from support import tone
+
 pytestmark = pytest.mark.unit
-
-
-def tone(n: int, rate: int, freq: float = 440.0) -> np.ndarray:
-    return (0.5 * np.sin(2 * np.pi * freq * np.arange(n) / rate)).astype(np.float32)
 
 
 def test_a_stream_cut_into_packets_resamples_like_the_whole_buffer() -> None:

@@ -13,23 +13,15 @@ from talkloop.pipeline.audio.io import write_wav
 from talkloop.pipeline.audio.reader import AudioReader
 from talkloop.pipeline.cli import main
 
+from support import band_share, tone
+
 OUT = 48000
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64", "--steps", "2"]
 
 
-def tone(seconds: float, rate: int, hz: float) -> np.ndarray:
-    return (0.3 * np.sin(2 * np.pi * hz * np.arange(int(seconds * rate)) / rate)).astype(np.float32)
-
-
-def band_share(x: np.ndarray, rate: int, lo: float, hi: float) -> float:
-    spec = np.abs(np.fft.rfft(x * np.hanning(x.shape[0]))) ** 2
-    freqs = np.fft.rfftfreq(x.shape[0], 1 / rate)
-    return float(spec[(freqs >= lo) & (freqs <= hi)].sum() / max(spec[1:].sum(), 1e-20))
-
-
 @pytest.mark.unit
 def test_the_reader_serves_consecutive_ranges_of_the_whole_file(tmp_path: Path) -> None:
-    x = tone(1.0, 24000, 440)
+    x = tone(24000, 24000, hz=440, amp=0.3)
     wav = tmp_path / "t.wav"
     write_wav(wav, x, 24000)
     reader = AudioReader(wav, OUT)
@@ -38,7 +30,7 @@ def test_the_reader_serves_consecutive_ranges_of_the_whole_file(tmp_path: Path) 
     got = np.concatenate(parts)
     assert got.shape[0] == 51000  # past the file's 48000 samples: zeros
     assert np.abs(got[48100:]).max() == 0
-    ideal = 0.3 * np.sin(2 * np.pi * 440 * np.arange(48000) / OUT)
+    ideal = tone(48000, OUT, hz=440, amp=0.3)
     assert np.abs(got[100:47900] - ideal[100:47900]).max() < 2e-3  # PCM16 and the filter
     again = AudioReader(wav, OUT)
     again.read(10, 5)
@@ -50,7 +42,7 @@ def test_the_reader_serves_consecutive_ranges_of_the_whole_file(tmp_path: Path) 
 @pytest.mark.e2e
 def test_render_keeps_a_10khz_tone(tmp_path: Path, capsys) -> None:
     wav = tmp_path / "tone.wav"
-    write_wav(wav, tone(2.0, OUT, 10000), OUT)
+    write_wav(wav, tone(2 * OUT, OUT, hz=10000, amp=0.3), OUT)
     out = tmp_path / "out.mp4"
     assert main(["render", "--audio", str(wav), "--out", str(out), *TINY, "--quiet"]) == 0
     with av.open(str(out)) as c:

@@ -22,7 +22,7 @@ from talkloop.pipeline.models import spec as spec_mod
 from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.app import live_config_dict
 
-from support import advance, make_reference
+from support import advance, make_reference, tone
 
 pytestmark = pytest.mark.unit
 
@@ -185,8 +185,7 @@ def test_the_toy_family_runs_a_live_session(toy) -> None:
     config = build_config(**live_config_dict({"model": {"family": "toy"}}))
     pipeline = build_pipeline(config)
     rate = 16000
-    t = np.arange(rate) / rate
-    speech = (0.5 * np.sin(2 * np.pi * 220 * t) * (t > 0.5)).astype(np.float32)  # quiet, loud
+    speech = tone(rate, rate, hz=220, amp=0.5) * (np.arange(rate) > rate // 2)  # quiet, loud
     clock = ManualClock()
 
     async def body() -> list:

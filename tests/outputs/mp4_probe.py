@@ -11,6 +11,8 @@ import numpy as np
 from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
+from support import tone
+
 
 def make_frame(j: int, height: int, width: int) -> np.ndarray:
     """A frame that changes every index (a moving bar on a shifting background)."""
@@ -25,8 +27,8 @@ def make_audio(num_samples: int, sample_rate: int, seed: int = 0) -> np.ndarray:
     """Band-limited noise plus a tone: something AAC keeps and correlation can align."""
     rng = np.random.default_rng(seed)
     noise = np.convolve(rng.standard_normal(num_samples), np.ones(8) / 8, mode="same")
-    tone = np.sin(2 * np.pi * 220 * np.arange(num_samples) / sample_rate)
-    return (0.4 * noise + 0.3 * tone).astype(np.float32)
+    sine = tone(num_samples, sample_rate, hz=220, amp=0.3, dtype=np.float64)
+    return (0.4 * noise + sine).astype(np.float32)
 
 
 def render(

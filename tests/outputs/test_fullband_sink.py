@@ -9,7 +9,7 @@ import pytest
 from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from talkloop.pipeline.outputs.fullband import FullBandSink
 
-from support import CollectSink
+from support import CollectSink, tone
 
 pytestmark = pytest.mark.unit
 
@@ -34,10 +34,9 @@ def test_audio_no_longer_held_falls_back_to_the_model_audio() -> None:
     inner = CollectSink()
     sink = FullBandSink(inner, 48000, lambda s, n: None)
     sink.open(StreamInfo(64, 64, 25, 16000))
-    t = np.arange(1600) / 16000
-    model = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    model = tone(1600, 16000, hz=440, amp=0.5)
     sink.write(VideoChunk(np.zeros((2, 64, 64, 3), np.uint8), 0), AudioChunk(model, 1600))
     out = inner.audio[0]
     assert inner.first_samples == [4800] and out.shape[0] == 4800
-    ideal = 0.5 * np.sin(2 * np.pi * 440 * np.arange(4800) / 48000)  # the same tone at 48 kHz
+    ideal = tone(4800, 48000, hz=440, amp=0.5)  # the same tone at 48 kHz
     assert np.abs(out[200:-200] - ideal[200:-200]).max() < 0.01

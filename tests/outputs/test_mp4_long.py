@@ -50,7 +50,7 @@ KILLED_WRITER = textwrap.dedent(
     """
     import os, sys
     import numpy as np
-    sys.path.insert(0, {helpers!r})
+    sys.path[:0] = [{helpers!r}, os.path.dirname({helpers!r})]  # and tests/, for support
     from mp4_probe import make_audio, make_frame
     from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
     from talkloop.pipeline.outputs.mp4 import Mp4Sink

@@ -13,21 +13,9 @@ from talkloop.agent.frames import AudioFrame
 from talkloop.rtc.client import run_call
 
 from common import emit, start_server, tiny_live_pipeline
+from support import band_share, loudest_second, tone
 
 TONE_HZ = 10000  # above 8 kHz (gone at 16 kHz), below Opus's super-wideband edge (12 kHz)
-
-
-def tone(seconds: float, rate: int) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.float32)
-
-
-def band_share(audio: np.ndarray, rate: int, lo: float, hi: float) -> float:
-    """Share of the signal's power (DC aside) that lies in ``[lo, hi]`` Hz."""
-    spec = np.abs(np.fft.rfft(audio * np.hanning(audio.shape[0]))) ** 2
-    freqs = np.fft.rfftfreq(audio.shape[0], 1 / rate)
-    band = (freqs >= lo) & (freqs <= hi)
-    return float(spec[band].sum() / max(spec[1:].sum(), 1e-20))
 
 
 async def main() -> None:
@@ -45,11 +33,13 @@ async def main() -> None:
         while not (calls and calls[0].avatar.media.started):
             await asyncio.sleep(0.02)
         avatar = calls[0].avatar
-        avatar.push_audio(AudioFrame.from_float(tone(2.5, source_rate), source_rate), source="t")
+        speech = tone(int(2.5 * source_rate), source_rate, hz=TONE_HZ, amp=0.3)
+        avatar.push_audio(AudioFrame.from_float(speech, source_rate), source="t")
         avatar.end_of_segment("t")
 
     if args.source == "mic":
-        mic = np.concatenate([np.zeros(source_rate // 2, np.float32), tone(3.0, source_rate)])
+        burst = tone(3 * source_rate, source_rate, hz=TONE_HZ, amp=0.3)
+        mic = np.concatenate([np.zeros(source_rate // 2, np.float32), burst])
         r = await run_call(url, args.seconds, mic=mic, mic_rate=source_rate, keep_audio=True)
     else:
         speaker = asyncio.ensure_future(speak())
@@ -58,19 +48,14 @@ async def main() -> None:
     await server.stop()
     audio = np.concatenate(r.audio) if r.audio else np.zeros(0, np.float32)
     rate = r.audio_rate
-    # The loudest whole second: where the tone played.
-    second, step = rate, rate // 10
-    starts = range(0, audio.shape[0] - second + 1, step)
-    energy = [float(np.sum(audio[i : i + second] ** 2)) for i in starts]
-    start = starts[int(np.argmax(energy))] if energy else 0
-    window = audio[start : start + second]
+    window = loudest_second(audio, rate)  # where the tone played
     emit(
         {
             **r.summary(),
             "audio_rate": rate,
             "rms": float(np.sqrt(np.mean(window**2))) if window.size else 0.0,
             "tone_share": band_share(window, rate, TONE_HZ - 300, TONE_HZ + 300)
-            if window.size == second
+            if window.size == rate
             else 0.0,
             "calls_left": len(server.calls),
         }
