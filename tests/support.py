@@ -70,6 +70,13 @@ def loudest_second(x: np.ndarray, rate: int) -> np.ndarray:
     return x[start : start + rate]
 
 
+def psnr(a, b, peak: float = 255.0) -> float:
+    """PSNR (dB) of ``a`` against ``b`` from the mean squared error over all their elements (one
+    figure for a whole clip, not a mean of per-frame figures); ``peak``: the signal's range."""
+    mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
+    return float(10 * np.log10(peak**2 / max(mse, 1e-12)))
+
+
 def make_reference(width: int = 64, height: int = 64, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]

@@ -10,6 +10,8 @@ import pytest
 from talkloop.pipeline.backends import available_backends
 from talkloop.pipeline.models.registry import build_pipeline
 
+from support import psnr
+
 pytestmark = pytest.mark.e2e
 
 EXPORTED = [b for b in ("onnxruntime", "openvino") if b in available_backends()]
@@ -26,11 +28,6 @@ class _Frames:
 
     def close(self) -> None: ...
     def abort(self) -> None: ...
-
-
-def _psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 10 * np.log10(255.0**2 / max(mse, 1e-12))
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +68,10 @@ def test_backend_frames_match_float32_torch(backend, clip, torch_frames) -> None
     frames, runtime = _render(backend, clip)
     assert runtime == {"backend": backend, "dtype": "float32", "int8": ["vae.decoder"]}
     assert frames.shape == torch_frames.shape and frames.shape[0] == int(SECONDS * 25)
-    assert _psnr(frames, torch_frames) >= 35.0
+    assert psnr(frames, torch_frames) >= 35.0
     boxes = clip[0].mouth_box[: len(frames)].astype(int)
     mouth = [
-        _psnr(frames[i, y0:y1, x0:x1], torch_frames[i, y0:y1, x0:x1])
+        psnr(frames[i, y0:y1, x0:x1], torch_frames[i, y0:y1, x0:x1])
         for i, (x0, y0, x1, y1) in enumerate(boxes)
     ]
     assert float(np.mean(mouth)) >= 32.0 and min(mouth) >= 30.0
@@ -105,6 +102,6 @@ def test_int8_decoder_matches_float32_on_studio_latents(backend, dtype) -> None:
             x = torch.from_numpy(x)
             want = Decoder.forward(vae.decoder, x.contiguous(memory_format=torch.channels_last))
             got = vae.decoder(x)
-            mse = float(((got - want) ** 2).mean())  # images in [-1, 1]: peak-to-peak 2
-            worst = min(worst, 10 * np.log10(4.0 / max(mse, 1e-12)))
+            # images in [-1, 1]: peak-to-peak 2
+            worst = min(worst, psnr(got.float().numpy(), want.float().numpy(), peak=2.0))
     assert worst >= 35.0
