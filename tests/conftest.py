@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 import numpy as np  # noqa: E402
 
-from support import liven, tiny_config  # noqa: E402
+from support import live_config, liven, tiny_config  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +55,11 @@ def tiny_modules():
     modules = load_modules(tiny_config())
     liven(modules)
     return modules
+
+
+@pytest.fixture(scope="module")
+def live_pipeline(tiny_modules):
+    """A tiny pipeline with the live chunk schedule (a module's own; the modules are shared)."""
+    from talkloop.pipeline.models.registry import build_pipeline
+
+    return build_pipeline(live_config(tiny_config()), tiny_modules)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
@@ -99,6 +100,16 @@ def tiny_config(**overrides):
     return build_config(**base)
 
 
+def live_config(config):
+    """``config`` with its family's live chunk schedule (as `talkloop serve` runs it)."""
+    from talkloop.pipeline.core.config import build_config
+    from talkloop.rtc.app import live_config_dict
+
+    base = config.model_dump(mode="json")
+    base.pop("schedule")
+    return build_config(**live_config_dict(base))
+
+
 def liven(modules, seed: int = 1) -> None:
     """Give zero-initialised layers (adaLN-Zero, output heads) small random values, so that
     conditioning inputs visibly change untrained outputs."""
@@ -110,6 +121,99 @@ def liven(modules, seed: int = 1) -> None:
             for p in m.net.parameters():
                 if p.numel() and torch.count_nonzero(p) == 0:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+class RecordingMirror:
+    """A mirror (a Sink) that records what was done to it: "open", "close", "abort"."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def open(self, info) -> None:
+        self.events.append("open")
+
+    def write(self, video, audio) -> None:
+        pass
+
+    def close(self) -> None:
+        self.events.append("close")
+
+    def abort(self) -> None:
+        self.events.append("abort")
+
+
+# -- in-process servers and their clients (tests/rtc, tests/agent) -------------------------------
+
+
+def run(coro, timeout: float = 60.0):
+    """Run ``coro`` on a fresh event loop, bounded by ``timeout`` seconds (against a hang)."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def with_server(pipeline, body, max_sessions: int = 1, ssl_context=None, **kw):
+    """``await body(server, ws_url, port)`` against an AvatarServer of ``pipeline`` (the test
+    reference, no prompt; ``kw``: its other arguments) on a free port of 127.0.0.1, wss with
+    ``ssl_context``; the server is stopped after, whatever happened. Returns what body returned."""
+    from talkloop.rtc.server import AvatarServer
+
+    server = AvatarServer(pipeline, make_reference(), max_sessions=max_sessions, **kw)
+    port = await server.start("127.0.0.1", 0, ssl_context=ssl_context)
+    scheme = "wss" if ssl_context else "ws"
+    try:
+        return await body(server, f"{scheme}://127.0.0.1:{port}/ws", port)
+    finally:
+        await server.stop()
+
+
+def http_get(url: str, context=None) -> tuple[int, str, bytes]:
+    """GET ``url`` (``context``: an ssl.SSLContext for https): its status, Content-Type and body;
+    an HTTP error status is returned, not raised."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=10) as reply:
+            return reply.status, reply.headers.get("Content-Type", ""), reply.read()
+    except urllib.error.HTTPError as err:
+        return err.code, "", b""
+
+
+async def until(ws, kind: str, timeout: float = 20) -> dict:
+    """The next message of type ``kind`` on websocket ``ws`` (the others are skipped)."""
+
+    async def wait() -> dict:
+        while True:
+            msg = json.loads(await ws.recv())
+            if msg["type"] == kind:
+                return msg
+
+    return await asyncio.wait_for(wait(), timeout)
+
+
+async def drain(avatar, into: list | None = None) -> None:
+    """Take everything an avatar session emits, as a viewer's tracks would (playback is what the
+    outputs emit); kept in ``into`` when given."""
+    async for item in avatar:
+        if into is not None:
+            into.append(item)
+
+
+async def offer_without_candidates() -> str:
+    """An offer as a browser makes it (audio and video to receive), without candidates: a server
+    answers and starts generating, but has no address to check, so no packet is sent."""
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.addTransceiver("audio", direction="recvonly")
+    pc.addTransceiver("video", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return "".join(
+        line + "\r\n"
+        for line in sdp.splitlines()
+        if line and not line.startswith(("a=candidate", "a=end-of-candidates"))
+    )
 
 
 # -- manual-clock pacing of avatar sessions (tests/agent) ---------------------------------------

@@ -14,10 +14,9 @@ import websockets
 
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.security import AccessPolicy
-from talkloop.rtc.server import AvatarServer
 from talkloop.rtc.tls import self_signed, server_context
 
-from support import make_reference
+from support import drain, run, with_server
 
 pytestmark = pytest.mark.unit
 
@@ -60,33 +59,23 @@ def test_the_example_agent_speaks_over_wss_with_the_token(example, live_pipeline
     cert, key = self_signed(["127.0.0.1"], tmp_path)
     client = ssl.create_default_context(cafile=str(cert))
 
-    async def body():
-        server = AvatarServer(
-            live_pipeline,
-            make_reference(),
-            "",
-            CallConfig(playout_delay_ms=200),
-            access=AccessPolicy(token=TOKEN),
-        )
-        port = await server.start("127.0.0.1", 0, ssl_context=server_context(cert, key))
-        base = f"wss://127.0.0.1:{port}/ws"
-        try:
-            async with websockets.connect(f"{base}?access={TOKEN}", ssl=client) as viewer:
-                token = json.loads(await viewer.recv())["token"]
-                avatar = server.calls[token].call.avatar
-                avatar.start()  # as after the viewer's offer
-                media = asyncio.create_task(drain(avatar))  # the viewer's tracks stand-in
-                with pytest.raises(SystemExit, match="bad_access"):
-                    await example.run(example.agent_url(base, token), ["Hi."], None, client)
-                url = example.agent_url(base, token, TOKEN)
-                await asyncio.wait_for(example.run(url, ["Hi."], None, client), 60)
-                media.cancel()
-        finally:
-            await server.stop()
+    async def body(server, base, port):
+        async with websockets.connect(f"{base}?access={TOKEN}", ssl=client) as viewer:
+            token = json.loads(await viewer.recv())["token"]
+            avatar = server.calls[token].call.avatar
+            avatar.start()  # as after the viewer's offer
+            media = asyncio.create_task(drain(avatar))  # the viewer's tracks stand-in
+            with pytest.raises(SystemExit, match="bad_access"):
+                await example.run(example.agent_url(base, token), ["Hi."], None, client)
+            url = example.agent_url(base, token, TOKEN)
+            await asyncio.wait_for(example.run(url, ["Hi."], None, client), 60)
+            media.cancel()
 
-    asyncio.run(asyncio.wait_for(body(), 120))
-
-
-async def drain(avatar) -> None:
-    async for _ in avatar:
-        pass
+    served = with_server(
+        live_pipeline,
+        body,
+        ssl_context=server_context(cert, key),
+        call_config=CallConfig(playout_delay_ms=200),
+        access=AccessPolicy(token=TOKEN),
+    )
+    run(served, 120)

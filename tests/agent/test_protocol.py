@@ -12,104 +12,82 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from talkloop.rtc.call import CallConfig
-from talkloop.rtc.server import AvatarServer
 
-from support import make_reference, tone_pcm16
+from support import drain, run, tone_pcm16, until, with_server
 
 pytestmark = pytest.mark.unit
 
 
-async def until(ws, kind: str, timeout: float = 20) -> dict:
-    async def wait() -> dict:
-        while True:
-            msg = json.loads(await ws.recv())
-            if msg["type"] == kind:
-                return msg
-
-    return await asyncio.wait_for(wait(), timeout)
-
-
-async def drain(avatar) -> None:
-    async for _ in avatar:
-        pass
-
-
 def test_agent_protocol_events_and_bad_input(live_pipeline) -> None:
-    async def body():
-        live = CallConfig(playout_delay_ms=200, max_pending_speech_s=2.0)
-        server = AvatarServer(live_pipeline, make_reference(), "", live, max_sessions=1)
-        port = await server.start("127.0.0.1", 0)
-        url = f"ws://127.0.0.1:{port}/ws"
-        try:
-            async with websockets.connect(url) as viewer:
-                token = json.loads(await viewer.recv())["token"]
-                avatar = server.calls[token].call.avatar
-                avatar.start()  # as after the viewer's offer
-                # the viewer's tracks stand-in: playback is what the outputs emit
-                viewer_media = asyncio.create_task(drain(avatar))
-                async with websockets.connect(url + f"?token={token}") as nope:
-                    not_agent = json.loads(await nope.recv())
-                async with websockets.connect(url + f"?token={token}&role=agent") as agent:
-                    hello = json.loads(await agent.recv())
-                    async with websockets.connect(url + f"?token={token}&role=agent") as dup:
-                        second = json.loads(await dup.recv())
-                    errors = []
-                    for raw in [
-                        b"\x00\x00" * 100,  # binary before audio_format
-                        json.dumps({"type": "audio_format", "sample_rate": 12345}),
-                        json.dumps({"type": "audio_format"}),
-                        json.dumps({"type": "dance"}),
-                        "{oops",
-                        json.dumps({"type": "response.output_audio.delta", "delta": "@@@"}),
+    async def body(server, url, port):
+        async with websockets.connect(url) as viewer:
+            token = json.loads(await viewer.recv())["token"]
+            avatar = server.calls[token].call.avatar
+            avatar.start()  # as after the viewer's offer
+            # the viewer's tracks stand-in: playback is what the outputs emit
+            viewer_media = asyncio.create_task(drain(avatar))
+            async with websockets.connect(url + f"?token={token}") as nope:
+                not_agent = json.loads(await nope.recv())
+            async with websockets.connect(url + f"?token={token}&role=agent") as agent:
+                hello = json.loads(await agent.recv())
+                async with websockets.connect(url + f"?token={token}&role=agent") as dup:
+                    second = json.loads(await dup.recv())
+                errors = []
+                for raw in [
+                    b"\x00\x00" * 100,  # binary before audio_format
+                    json.dumps({"type": "audio_format", "sample_rate": 12345}),
+                    json.dumps({"type": "audio_format"}),
+                    json.dumps({"type": "dance"}),
+                    "{oops",
+                    json.dumps({"type": "response.output_audio.delta", "delta": "@@@"}),
+                    json.dumps(
+                        {
+                            "type": "response.output_audio.delta",
+                            "delta": base64.b64encode(b"\x01\x02\x03").decode(),
+                        }
+                    ),
+                ]:
+                    await agent.send(raw)
+                    errors.append(await until(agent, "error"))
+                # OpenAI Realtime deltas (24 kHz by default), labelled with their item
+                pcm = tone_pcm16(12000, 24000, hz=220, amp=0.3).tobytes()
+                for i in range(0, len(pcm), 4800):
+                    delta = base64.b64encode(pcm[i : i + 4800]).decode()
+                    await agent.send(
                         json.dumps(
                             {
                                 "type": "response.output_audio.delta",
-                                "delta": base64.b64encode(b"\x01\x02\x03").decode(),
+                                "delta": delta,
+                                "item_id": "item_A",
                             }
-                        ),
-                    ]:
-                        await agent.send(raw)
-                        errors.append(await until(agent, "error"))
-                    # OpenAI Realtime deltas (24 kHz by default), labelled with their item
-                    pcm = tone_pcm16(12000, 24000, hz=220, amp=0.3).tobytes()
-                    for i in range(0, len(pcm), 4800):
-                        delta = base64.b64encode(pcm[i : i + 4800]).decode()
-                        await agent.send(
-                            json.dumps(
-                                {
-                                    "type": "response.output_audio.delta",
-                                    "delta": delta,
-                                    "item_id": "item_A",
-                                }
-                            )
                         )
-                    await agent.send(json.dumps({"type": "response.output_audio.done"}))
-                    started = await until(agent, "playback_started")
-                    done = await until(agent, "playback_finished")
-                    # binary PCM at a declared rate; a flood beyond the queue limit
-                    await agent.send(json.dumps({"type": "audio_format", "sample_rate": 16000}))
-                    flood = tone_pcm16(8000, 16000, hz=220, amp=0.3).tobytes()
-                    for _ in range(10):  # 5 s against a 2 s limit
-                        await agent.send(flood)
-                    busy = await until(agent, "error")
-                    await agent.send(json.dumps({"type": "interrupt"}))
-                    cut = await until(agent, "playback_finished")
-                    await agent.send(json.dumps({"type": "prompt", "text": "calm"}))
-                    # an oversize message ends only the agent's connection
-                    await agent.send(b"\x00" * 400_000)
-                    with pytest.raises(ConnectionClosed):
-                        await until(agent, "never")
-                await asyncio.sleep(0.2)
-                alive = token in server.calls
-                async with websockets.connect(url + f"?token={token}&role=agent") as again:
-                    rejoined = json.loads(await again.recv())
-                viewer_media.cancel()
-        finally:
-            await server.stop()
+                    )
+                await agent.send(json.dumps({"type": "response.output_audio.done"}))
+                started = await until(agent, "playback_started")
+                done = await until(agent, "playback_finished")
+                # binary PCM at a declared rate; a flood beyond the queue limit
+                await agent.send(json.dumps({"type": "audio_format", "sample_rate": 16000}))
+                flood = tone_pcm16(8000, 16000, hz=220, amp=0.3).tobytes()
+                for _ in range(10):  # 5 s against a 2 s limit
+                    await agent.send(flood)
+                busy = await until(agent, "error")
+                await agent.send(json.dumps({"type": "interrupt"}))
+                cut = await until(agent, "playback_finished")
+                await agent.send(json.dumps({"type": "prompt", "text": "calm"}))
+                # an oversize message ends only the agent's connection
+                await agent.send(b"\x00" * 400_000)
+                with pytest.raises(ConnectionClosed):
+                    await until(agent, "never")
+            await asyncio.sleep(0.2)
+            alive = token in server.calls
+            async with websockets.connect(url + f"?token={token}&role=agent") as again:
+                rejoined = json.loads(await again.recv())
+            viewer_media.cancel()
         return not_agent, hello, second, errors, started, done, busy, cut, alive, rejoined
 
-    not_agent, hello, second, errors, started, done, busy, cut, alive, rejoined = asyncio.run(
-        asyncio.wait_for(body(), 120)
+    live = CallConfig(playout_delay_ms=200, max_pending_speech_s=2.0)
+    not_agent, hello, second, errors, started, done, busy, cut, alive, rejoined = run(
+        with_server(live_pipeline, body, call_config=live), 120
     )
     assert not_agent["code"] == "not_supported"
     assert hello["type"] == "agent" and hello["sample_rate"] == 16000

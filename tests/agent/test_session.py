@@ -20,7 +20,7 @@ from talkloop.agent.session import AvatarConfig, AvatarSession
 from talkloop.pipeline.audio.resample import resample
 from talkloop.pipeline.core.errors import BusyError
 
-from support import advance, make_reference
+from support import advance, make_reference, run
 
 pytestmark = pytest.mark.unit
 
@@ -54,10 +54,6 @@ async def collect(avatar: AvatarSession, clock: ManualClock, out: list) -> None:
         out.append((clock.now(), item))
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 240))
-
-
 @pytest.mark.parametrize("rate", [16000, 24000, 48000])
 def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeline, rate) -> None:
     speech = speech_like(1.5, rate)
@@ -78,7 +74,7 @@ def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeli
         await avatar.close()
         return avatar, out, pushed_at
 
-    avatar, out, pushed_at = run(body())
+    avatar, out, pushed_at = run(body(), 240)
     t0 = avatar.media.t0
     audio = [(t, f) for t, f in out if isinstance(f, AudioFrame)]
     video = [(t, f) for t, f in out if isinstance(f, VideoFrame)]
@@ -138,7 +134,7 @@ def test_a_video_sender_that_falls_behind_skips_to_the_frame_due_now(live_pipeli
         await avatar.close()
         return avatar, got
 
-    avatar, got = run(body())
+    avatar, got = run(body(), 240)
     frame_s = 1 / avatar.info.fps
     late = [t - avatar.media.due(avatar.info.frame_pts(f.index)) for t, f in got]
     assert all(0 <= x < frame_s for x in late), late  # never more than a frame behind
@@ -171,7 +167,7 @@ def test_interrupt_reports_the_played_position_and_emits_nothing_of_the_segment(
         await avatar.close()
         return avatar, out, n_before, finished, generated, cut
 
-    avatar, out, n_before, finished, generated, cut = run(body())
+    avatar, out, n_before, finished, generated, cut = run(body(), 240)
     before, after = out[:n_before], out[n_before:]
     emitted = sum(
         len(f.data) // 2 for _, f in before if isinstance(f, AudioFrame) and f.segment_id == 0
@@ -212,7 +208,7 @@ def test_segment_end_after_the_audio_played_still_finishes(live_pipeline) -> Non
         await avatar.close()
         return out
 
-    events = [f for _, f in run(body()) if isinstance(f, PlaybackStarted | PlaybackFinished)]
+    events = [f for _, f in run(body(), 240) if isinstance(f, PlaybackStarted | PlaybackFinished)]
     assert [type(e) for e in events] == [PlaybackStarted, PlaybackFinished]
     # every sample that played: all but the resampler's last millisecond (16 -> 48 kHz), which
     # arrived with the late end, after the segment had finished producing
@@ -248,7 +244,7 @@ def test_bad_audio_is_rejected_with_clear_errors_and_backpressure(live_pipeline)
         await avatar.close()
         return errors, queued, still, done_early
 
-    errors, queued, still, done_early = run(body())
+    errors, queued, still, done_early = run(body(), 240)
     assert "whole number" in errors["odd"] and "sample_rate 44" in errors["rate"]
     assert "mono (1) or stereo (2)" in errors["channels"]
     assert "whole number" in errors["stereo_odd"]
@@ -274,7 +270,7 @@ def test_catch_up_bound_follows_the_measured_chunk_time(live_pipeline) -> None:
     capped.session.stats.chunk_seconds = 0.0
     assert capped.lag_budget() == pytest.approx(0.1)
     for a in (avatar, capped):
-        run(a.close())
+        run(a.close(), 240)
 
 
 def test_default_playout_delay_is_two_chunks_plus_the_lookahead(live_pipeline) -> None:
@@ -289,4 +285,4 @@ def test_default_playout_delay_is_two_chunks_plus_the_lookahead(live_pipeline) -
     )
     assert given.playout_s == pytest.approx(0.7)
     for a in (avatar, given):
-        run(a.close())
+        run(a.close(), 240)

@@ -14,7 +14,7 @@ from talkloop.agent.frames import AudioFrame, VideoFrame
 from talkloop.agent.session import AvatarConfig, AvatarSession
 from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
-from support import advance, band_share, loudest_second, make_reference, tone
+from support import advance, band_share, drain, loudest_second, make_reference, tone
 
 pytestmark = pytest.mark.unit
 
@@ -43,12 +43,7 @@ def speak(pipeline, source: np.ndarray, rate: int, seconds: float, mirrors=(), t
         avatar.driver.push = record
         avatar.start()
         out: list = []
-
-        async def collect() -> None:
-            async for item in avatar:
-                out.append(item)
-
-        consumer = asyncio.create_task(collect())
+        consumer = asyncio.create_task(drain(avatar, out))
         step = rate // 50
         for i in range(0, source.shape[0], step):
             avatar.push_audio(AudioFrame.from_float(source[i : i + step], rate))

@@ -12,30 +12,9 @@ import pytest
 from talkloop.agent.session import MAX_QUEUED_SAYS, AvatarConfig, AvatarSession
 from talkloop.pipeline.core.errors import BusyError
 
-from support import make_reference
+from support import RecordingMirror, make_reference, run
 
 pytestmark = pytest.mark.unit
-
-
-class RecordingMirror:
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def open(self, info) -> None:
-        self.events.append("open")
-
-    def write(self, video, audio) -> None:
-        pass
-
-    def close(self) -> None:
-        self.events.append("close")
-
-    def abort(self) -> None:
-        self.events.append("abort")
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 120))
 
 
 def test_closing_a_session_that_never_started_closes_its_mirrors(live_pipeline) -> None:
@@ -46,7 +25,7 @@ def test_closing_a_session_that_never_started_closes_its_mirrors(live_pipeline) 
         await avatar.close()
         await avatar.close()  # idempotent
 
-    run(body())
+    run(body(), 120)
     assert mirror.events == ["open", "close"]
 
 
@@ -76,7 +55,7 @@ def test_says_run_one_at_a_time_and_a_full_queue_is_busy(live_pipeline) -> None:
         await asyncio.gather(*tasks)
         await avatar.close()
 
-    run(body())
+    run(body(), 120)
     n = MAX_QUEUED_SAYS + 1
     assert log == [x for i in range(n) for x in (f"start {i}", f"end {i}")]
 
@@ -101,7 +80,7 @@ def test_a_generation_failure_reaches_the_listeners_once(live_pipeline) -> None:
         await avatar.close()
         return avatar
 
-    avatar = run(body())
+    avatar = run(body(), 120)
     assert [str(e) for e in seen] == ["boom"] and avatar.error is seen[0]
 
 
@@ -132,6 +111,6 @@ def test_a_close_that_interrupts_a_step_is_not_a_failure(live_pipeline, caplog) 
         return avatar
 
     with caplog.at_level(logging.DEBUG, logger="talkloop.agent"):
-        avatar = run(body())
+        avatar = run(body(), 120)
     assert seen == [] and avatar.error is None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -22,7 +22,7 @@ from talkloop.pipeline.models import spec as spec_mod
 from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.app import live_config_dict
 
-from support import advance, make_reference, tone
+from support import advance, drain, make_reference, tone
 
 pytestmark = pytest.mark.unit
 
@@ -194,12 +194,7 @@ def test_the_toy_family_runs_a_live_session(toy) -> None:
         )
         avatar.start()
         out: list = []
-
-        async def collect() -> None:
-            async for item in avatar:
-                out.append(item)
-
-        consumer = asyncio.create_task(collect())
+        consumer = asyncio.create_task(drain(avatar, out))
         data = np.rint(speech * 32767).astype("<i2")
         for i in range(0, data.shape[0], rate // 50):
             avatar.push_audio(AudioFrame(data[i : i + rate // 50].tobytes(), rate, 1))

@@ -6,49 +6,22 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import urllib.request
 
 import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from talkloop.pipeline.cli import main
-from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import build_pipeline
-from talkloop.rtc.app import live_config_dict
-from talkloop.rtc.call import CallConfig
 from talkloop.rtc.security import AccessPolicy, check_exposure, normalize_origin
 from talkloop.rtc.server import AvatarServer
 from talkloop.rtc.tls import fingerprint, self_signed, server_context
 
-from support import make_reference, tiny_config
+from support import http_get, make_reference, run, tiny_config, with_server
 
 pytestmark = pytest.mark.unit
 
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 TOKEN = "0123456789abcdef0123"
-
-
-@pytest.fixture(scope="module")
-def pipeline(tiny_modules) -> Pipeline:
-    base = tiny_config().model_dump(mode="json")
-    base.pop("schedule")
-    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
-
-
-async def serving(pipeline, body, ssl_context=None, max_sessions: int = 1, **kw):
-    server = AvatarServer(pipeline, make_reference(), "", CallConfig(), max_sessions, **kw)
-    port = await server.start("127.0.0.1", 0, ssl_context=ssl_context)
-    scheme = "wss" if ssl_context else "ws"
-    try:
-        return await body(server, f"{scheme}://127.0.0.1:{port}/ws", port)
-    finally:
-        await server.stop()
 
 
 async def first(ws) -> dict:
@@ -65,19 +38,14 @@ async def closed_code(ws) -> int:
 # -- TLS -------------------------------------------------------------------------------------------
 
 
-def test_https_page_and_wss_session_with_a_self_signed_certificate(pipeline, tmp_path) -> None:
+def test_https_page_and_wss_session_with_a_self_signed_certificate(live_pipeline, tmp_path) -> None:
     cert, key = self_signed(["localhost", "127.0.0.1"], tmp_path)
     assert oct(key.stat().st_mode & 0o777) == "0o600"
     assert self_signed(["127.0.0.1", "localhost"], tmp_path) == (cert, key)  # reused
     client = ssl.create_default_context(cafile=str(cert))  # trusts exactly this certificate
 
     async def body(server, ws_url, port):
-        def get() -> tuple[int, bytes]:
-            url = f"https://127.0.0.1:{port}/"
-            with urllib.request.urlopen(url, context=client, timeout=10) as r:
-                return r.status, r.read()
-
-        page = await asyncio.to_thread(get)
+        page = await asyncio.to_thread(http_get, f"https://127.0.0.1:{port}/", client)
         async with websockets.connect(ws_url, ssl=client) as ws:
             hello = await first(ws)
         # a client that does not trust the certificate is refused by its own TLS check
@@ -85,8 +53,8 @@ def test_https_page_and_wss_session_with_a_self_signed_certificate(pipeline, tmp
             await websockets.connect(ws_url, ssl=ssl.create_default_context())
         return page, hello
 
-    page, hello = run(serving(pipeline, body, ssl_context=server_context(cert, key)))
-    assert page[0] == 200 and b"talkloop" in page[1]
+    page, hello = run(with_server(live_pipeline, body, ssl_context=server_context(cert, key)))
+    assert page[0] == 200 and b"talkloop" in page[2]
     assert hello["type"] == "session"
     assert len(fingerprint(cert).split(":")) == 32
 
@@ -105,7 +73,7 @@ def test_bad_tls_files_are_one_clear_error(tmp_path) -> None:
 # -- access token ----------------------------------------------------------------------------------
 
 
-def test_the_access_token_guards_pages_and_agents(pipeline) -> None:
+def test_the_access_token_guards_pages_and_agents(live_pipeline) -> None:
     async def body(server, ws_url, port):
         results = {}
         for name, query in [("none", ""), ("wrong", "?access=" + "x" * 20)]:
@@ -121,7 +89,7 @@ def test_the_access_token_guards_pages_and_agents(pipeline) -> None:
         results["hello"] = hello
         return results
 
-    r = run(serving(pipeline, body, access=AccessPolicy(token=TOKEN)))
+    r = run(with_server(live_pipeline, body, access=AccessPolicy(token=TOKEN)))
     for name in ("none", "wrong", "agent_without"):
         msg, code = r[name]
         assert msg["code"] == "bad_access" and "access token" in msg["message"], name
@@ -132,7 +100,7 @@ def test_the_access_token_guards_pages_and_agents(pipeline) -> None:
 # -- origins ---------------------------------------------------------------------------------------
 
 
-def test_a_page_from_another_origin_is_refused_before_the_upgrade(pipeline) -> None:
+def test_a_page_from_another_origin_is_refused_before_the_upgrade(live_pipeline) -> None:
     async def body(server, ws_url, port):
         own = f"http://127.0.0.1:{port}"
         statuses = {}
@@ -147,7 +115,9 @@ def test_a_page_from_another_origin_is_refused_before_the_upgrade(pipeline) -> N
         return statuses, hellos
 
     statuses, hellos = run(
-        serving(pipeline, body, access=AccessPolicy(allowed_origins=["https://APP.example:443/"]))
+        with_server(
+            live_pipeline, body, access=AccessPolicy(allowed_origins=["https://APP.example:443/"])
+        )
     )
     assert set(statuses.values()) == {403}
     assert hellos == ["session"] * 3
@@ -183,7 +153,7 @@ def test_the_token_is_compared_in_constant_time(monkeypatch) -> None:
 # -- per-address cap -------------------------------------------------------------------------------
 
 
-def test_connections_per_address_are_capped(pipeline) -> None:
+def test_connections_per_address_are_capped(live_pipeline) -> None:
     async def body(server, ws_url, port):
         a = await websockets.connect(ws_url)
         await first(a)
@@ -202,7 +172,9 @@ def test_connections_per_address_are_capped(pipeline) -> None:
         return refused.value.response.status_code, again
 
     status, again = run(
-        serving(pipeline, body, max_sessions=3, access=AccessPolicy(max_connections_per_ip=2))
+        with_server(
+            live_pipeline, body, max_sessions=3, access=AccessPolicy(max_connections_per_ip=2)
+        )
     )
     assert status == 429 and again["type"] == "session"
 
@@ -210,7 +182,7 @@ def test_connections_per_address_are_capped(pipeline) -> None:
 # -- offer timeout ---------------------------------------------------------------------------------
 
 
-def test_a_session_without_an_offer_times_out_and_frees_its_slot(pipeline) -> None:
+def test_a_session_without_an_offer_times_out_and_frees_its_slot(live_pipeline) -> None:
     async def body(server, ws_url, port):
         idle = await websockets.connect(ws_url)
         await first(idle)
@@ -220,13 +192,13 @@ def test_a_session_without_an_offer_times_out_and_frees_its_slot(pipeline) -> No
             hello = await first(fresh)
         return timeout, code, hello
 
-    timeout, code, hello = run(serving(pipeline, body, offer_timeout_s=0.5))
+    timeout, code, hello = run(with_server(live_pipeline, body, offer_timeout_s=0.5))
     assert timeout["type"] == "error" and timeout["code"] == "offer_timeout"
     assert "offer" in timeout["message"]
     assert code == 4408 and hello["type"] == "session"
 
 
-def test_a_connected_agent_keeps_a_session_without_an_offer(pipeline) -> None:
+def test_a_connected_agent_keeps_a_session_without_an_offer(live_pipeline) -> None:
     async def body(server, ws_url, port):
         page = await websockets.connect(ws_url)
         token = (await first(page))["token"]
@@ -241,7 +213,7 @@ def test_a_connected_agent_keeps_a_session_without_an_offer(pipeline) -> None:
             pass
         return kept, still, msg
 
-    kept, still, msg = run(serving(pipeline, body, offer_timeout_s=0.5))
+    kept, still, msg = run(with_server(live_pipeline, body, offer_timeout_s=0.5))
     assert kept and still and msg["code"] == "offer_timeout"
 
 
@@ -326,7 +298,7 @@ def test_serving_other_machines_with_token_and_tls(capsys, served, tmp_path) -> 
     assert {"myhost.lan", "10.0.0.5", "localhost", "127.0.0.1"} <= names
 
 
-def test_the_avatar_upload_obeys_the_same_rules(pipeline) -> None:
+def test_the_avatar_upload_obeys_the_same_rules(live_pipeline) -> None:
     async def body(server, ws_url, port):
         async with websockets.connect(ws_url + "?avatar=1") as ws:  # no token: no photo read
             refused = (await first(ws), await closed_code(ws))
@@ -334,7 +306,9 @@ def test_the_avatar_upload_obeys_the_same_rules(pipeline) -> None:
             await websockets.connect(ws_url + f"?avatar=1&access={TOKEN}", origin="https://x.test")
         return refused, foreign.value.response.status_code, len(server.calls)
 
-    (msg, code), status, sessions = run(serving(pipeline, body, access=AccessPolicy(TOKEN)))
+    (msg, code), status, sessions = run(
+        with_server(live_pipeline, body, access=AccessPolicy(TOKEN))
+    )
     assert msg["code"] == "bad_access" and code == 4401
     assert status == 403 and sessions == 0
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
@@ -13,16 +12,10 @@ import websockets
 from PIL import Image
 
 from talkloop.agent.protocol import ProtocolError
-from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.pipeline.reference import fit_array
-from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.avatar import MAX_AVATAR_BYTES, decode_avatar
-from talkloop.rtc.call import CallConfig
-from talkloop.rtc.server import AvatarServer
 
-from support import make_reference, tiny_config
+from support import make_reference, run, tiny_config, with_server
 
 pytestmark = pytest.mark.unit
 
@@ -84,31 +77,11 @@ def test_a_portrait_photo_is_framed_and_a_faceless_one_refused() -> None:
 # -- through the server ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pipeline(tiny_modules) -> Pipeline:
-    base = tiny_config().model_dump(mode="json")
-    base.pop("schedule")
-    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
-
-
-async def with_server(pipeline, body):
-    server = AvatarServer(pipeline, make_reference(), "", CallConfig(), 1, "")
-    port = await server.start("127.0.0.1", 0)
-    try:
-        return await body(server, f"ws://127.0.0.1:{port}/ws")
-    finally:
-        await server.stop()
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
-
-
-def test_the_call_opens_on_the_sent_photo(pipeline) -> None:
+def test_the_call_opens_on_the_sent_photo(live_pipeline) -> None:
     photo = np.zeros((80, 120, 3), np.uint8)
     photo[:, :, 0] = 220  # a red photo, nothing like the server's avatar
 
-    async def body(server, url):
+    async def body(server, url, port):
         opened = []
         server.on_call = opened.append
         async with websockets.connect(url + "?avatar=1") as ws:
@@ -119,17 +92,17 @@ def test_the_call_opens_on_the_sent_photo(pipeline) -> None:
             refused = json.loads(await ws.recv())
             return hello, refused, opened[0].session.state.fields["ref_latent"].clone()
 
-    hello, refused, latent = run(with_server(pipeline, body))
+    hello, refused, latent = run(with_server(live_pipeline, body))
     assert hello["type"] == "session"
     assert refused["type"] == "error" and refused["code"] == "bad_state"
-    mine = pipeline.open_session(fit_array(photo, 64, 64)).state.fields["ref_latent"]
-    server_own = pipeline.open_session(make_reference()).state.fields["ref_latent"]
+    mine = live_pipeline.open_session(fit_array(photo, 64, 64)).state.fields["ref_latent"]
+    server_own = live_pipeline.open_session(make_reference()).state.fields["ref_latent"]
     assert np.array_equal(latent.numpy(), mine.numpy())
     assert not np.array_equal(latent.numpy(), server_own.numpy())
 
 
-def test_a_bad_photo_ends_only_its_connection(pipeline) -> None:
-    async def body(server, url):
+def test_a_bad_photo_ends_only_its_connection(live_pipeline) -> None:
+    async def body(server, url, port):
         async with websockets.connect(url + "?avatar=1") as ws:
             await ws.send(json.dumps({"type": "avatar", "image": "%%%"}))
             refused = json.loads(await ws.recv())
@@ -141,7 +114,7 @@ def test_a_bad_photo_ends_only_its_connection(pipeline) -> None:
             hello = json.loads(await ws.recv())
         return refused, wrong_first, hello
 
-    refused, wrong_first, hello = run(with_server(pipeline, body))
+    refused, wrong_first, hello = run(with_server(live_pipeline, body))
     assert refused["code"] == "bad_avatar" and "base64" in refused["message"]
     assert wrong_first["code"] == "bad_avatar" and "'offer'" in wrong_first["message"]
     assert hello["type"] == "session"

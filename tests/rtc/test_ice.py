@@ -11,16 +11,11 @@ import websockets
 from aiortc.rtcconfiguration import RTCIceTransportPolicy
 
 from talkloop.pipeline.cli import main
-from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.core.errors import ConfigError
-from talkloop.pipeline.models.registry import build_pipeline
-from talkloop.rtc.app import live_config_dict
-from talkloop.rtc.call import CallConfig
 from talkloop.rtc.ice import IceConfig, check_ice_url
 from talkloop.rtc.peer import Peer
-from talkloop.rtc.server import AvatarServer
 
-from support import make_reference, tiny_config
+from support import run, with_server
 
 pytestmark = pytest.mark.unit
 
@@ -152,14 +147,11 @@ def test_ice_flags_reach_the_server(served, tmp_path) -> None:
 
 
 def test_the_session_message_tells_the_page_and_the_peer_uses_them(
-    tiny_modules, monkeypatch
+    live_pipeline, monkeypatch
 ) -> None:
     import talkloop.rtc.server
     from talkloop.rtc.protocol import ProtocolError
 
-    base = tiny_config().model_dump(mode="json")
-    base.pop("schedule")
-    pipeline = build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
     ice = IceConfig([TURN], "u", "p", relay_only=True)
     given = []
 
@@ -173,19 +165,14 @@ def test_the_session_message_tells_the_page_and_the_peer_uses_them(
 
     monkeypatch.setattr(talkloop.rtc.server, "Peer", RecordingPeer)
 
-    async def body() -> tuple[dict, dict]:
-        server = AvatarServer(pipeline, make_reference(), "", CallConfig(), ice=ice)
-        port = await server.start("127.0.0.1", 0)
-        try:
-            async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
-                hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
-                await ws.send(json.dumps({"type": "offer", "sdp": "v=0"}))
-                reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
-        finally:
-            await server.stop()
+    async def body(server, ws_url, port) -> tuple[dict, dict]:
+        async with websockets.connect(ws_url) as ws:
+            hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            await ws.send(json.dumps({"type": "offer", "sdp": "v=0"}))
+            reply = json.loads(await asyncio.wait_for(ws.recv(), 10))
         return hello, reply
 
-    hello, reply = asyncio.run(asyncio.wait_for(body(), 60))
+    hello, reply = run(with_server(live_pipeline, body, ice=ice))
     assert hello["type"] == "session" and hello["ice"] == ice.for_page()
     assert reply["code"] == "bad_sdp" and len(given) == 1
     assert given[0].iceTransportPolicy is RTCIceTransportPolicy.RELAY

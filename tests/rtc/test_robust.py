@@ -12,69 +12,16 @@ import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import build_pipeline
-from talkloop.rtc.app import live_config_dict
-from talkloop.rtc.call import CallConfig
-from talkloop.rtc.server import MAX_QUEUED_SAYS, AvatarServer
+from talkloop.rtc.server import MAX_QUEUED_SAYS
 
-from support import make_reference, tiny_config
+from support import offer_without_candidates, run, until, with_server
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture(scope="module")
-def pipeline(tiny_modules) -> Pipeline:
-    base = tiny_config().model_dump(mode="json")
-    base.pop("schedule")
-    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
-
-
-def run(coro, timeout: float = 90):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def serving(pipeline, body, max_sessions: int = 1):
-    server = AvatarServer(pipeline, make_reference(), "", CallConfig(), max_sessions)
-    port = await server.start("127.0.0.1", 0)
-    try:
-        return await body(server, f"ws://127.0.0.1:{port}/ws")
-    finally:
-        await server.stop()
-
-
-async def until(ws, kind: str, timeout: float = 20) -> dict:
-    async def wait() -> dict:
-        while True:
-            msg = json.loads(await ws.recv())
-            if msg["type"] == kind:
-                return msg
-
-    return await asyncio.wait_for(wait(), timeout)
-
-
-async def browser_like_offer() -> str:
-    """An offer as a browser makes it (audio send/receive, video receive), without candidates:
-    the server gathers its own but has nothing to check against, so no packet is sent."""
-    from aiortc import RTCPeerConnection
-
-    pc = RTCPeerConnection()
-    pc.addTransceiver("audio", direction="recvonly")
-    pc.addTransceiver("video", direction="recvonly")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    return "".join(
-        line + "\r\n"
-        for line in sdp.splitlines()
-        if line and not line.startswith(("a=candidate", "a=end-of-candidates"))
-    )
-
-
-def test_deep_json_and_bad_candidates_get_errors_and_the_session_goes_on(pipeline) -> None:
-    async def body(server, ws_url):
-        offer = await browser_like_offer()
+def test_deep_json_and_bad_candidates_get_errors_and_the_session_goes_on(live_pipeline) -> None:
+    async def body(server, ws_url, port):
+        offer = await offer_without_candidates()
         async with websockets.connect(ws_url) as ws:
             await until(ws, "session")
             errors = []
@@ -97,7 +44,7 @@ def test_deep_json_and_bad_candidates_get_errors_and_the_session_goes_on(pipelin
             alive = len(server.calls)
         return errors, answer, stats, alive
 
-    errors, answer, stats, alive = run(serving(pipeline, body))
+    errors, answer, stats, alive = run(with_server(live_pipeline, body), 90)
     assert [e["code"] for e in errors] == [
         "bad_json",
         "bad_candidate",
@@ -111,8 +58,8 @@ def test_deep_json_and_bad_candidates_get_errors_and_the_session_goes_on(pipelin
     assert answer["sdp"].startswith("v=0") and alive == 1 and stats["type"] == "stats"
 
 
-def test_agent_receive_loop_survives_deep_json(pipeline) -> None:
-    async def body(server, ws_url):
+def test_agent_receive_loop_survives_deep_json(live_pipeline) -> None:
+    async def body(server, ws_url, port):
         async with websockets.connect(ws_url) as page:
             token = (await until(page, "session"))["token"]
             async with websockets.connect(ws_url + f"?token={token}&role=agent") as agent:
@@ -124,12 +71,12 @@ def test_agent_receive_loop_survives_deep_json(pipeline) -> None:
                 after = await until(agent, "error")
         return err, after
 
-    err, after = run(serving(pipeline, body))
+    err, after = run(with_server(live_pipeline, body), 90)
     assert err["code"] == "bad_json" and after["code"] == "unknown_type"
 
 
-def test_a_say_flood_is_bounded_and_off_the_default_executor(pipeline) -> None:
-    async def body(server, ws_url):
+def test_a_say_flood_is_bounded_and_off_the_default_executor(live_pipeline) -> None:
+    async def body(server, ws_url, port):
         async with websockets.connect(ws_url) as ws:
             token = (await until(ws, "session"))["token"]
             avatar = server.calls[token].call.avatar
@@ -149,7 +96,7 @@ def test_a_say_flood_is_bounded_and_off_the_default_executor(pipeline) -> None:
             left = len(avatar._say_tasks)
         return busy, queued, names, left
 
-    busy, queued, names, left = run(serving(pipeline, body))
+    busy, queued, names, left = run(with_server(live_pipeline, body), 90)
     assert busy == 200 - (MAX_QUEUED_SAYS + 1)
     assert queued <= MAX_QUEUED_SAYS + 1
     # speech and session set-up run on the server's own workers; the loop's default executor,
@@ -163,8 +110,8 @@ class Boom(RuntimeError):
     pass
 
 
-def test_a_generation_failure_ends_that_session_only_and_says_so(pipeline, caplog) -> None:
-    async def body(server, ws_url):
+def test_a_generation_failure_ends_that_session_only_and_says_so(live_pipeline, caplog) -> None:
+    async def body(server, ws_url, port):
         async with websockets.connect(ws_url) as ok, websockets.connect(ws_url) as bad:
             await until(ok, "session")
             token = (await until(bad, "session"))["token"]
@@ -189,7 +136,9 @@ def test_a_generation_failure_ends_that_session_only_and_says_so(pipeline, caplo
         return page_err, agent_err, token, left, still
 
     with caplog.at_level(logging.WARNING):
-        page_err, agent_err, token, left, still = run(serving(pipeline, body, max_sessions=2))
+        page_err, agent_err, token, left, still = run(
+            with_server(live_pipeline, body, max_sessions=2), 90
+        )
     assert page_err["code"] == agent_err["code"] == "generation_failed"
     assert "the model fell over" in page_err["message"]
     assert token not in left and len(left) == 1 and still["type"] == "stats"
@@ -199,8 +148,8 @@ def test_a_generation_failure_ends_that_session_only_and_says_so(pipeline, caplo
     assert len(failed) == 1  # the real failure is logged once, with its traceback
 
 
-def test_stopping_the_server_mid_call_logs_no_traceback(pipeline, caplog) -> None:
-    async def body(server, ws_url):
+def test_stopping_the_server_mid_call_logs_no_traceback(live_pipeline, caplog) -> None:
+    async def body(server, ws_url, port):
         ws = await websockets.connect(ws_url)
         token = (await until(ws, "session"))["token"]
         server.calls[token].call.start()
@@ -209,7 +158,7 @@ def test_stopping_the_server_mid_call_logs_no_traceback(pipeline, caplog) -> Non
         return server.calls[token].call
 
     with caplog.at_level(logging.WARNING):
-        call = run(serving(pipeline, body))
+        call = run(with_server(live_pipeline, body), 90)
     assert not call._thread.is_alive()
     noisy = [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
     assert noisy == [], [r.getMessage() for r in noisy]

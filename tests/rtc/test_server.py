@@ -5,76 +5,33 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import urllib.error
-import urllib.request
 
 import pytest
 import websockets
 from websockets.exceptions import ConnectionClosed
 
-from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import build_pipeline
-from talkloop.rtc.app import live_config_dict
-from talkloop.rtc.call import CallConfig
-from talkloop.rtc.server import AvatarServer
-
-from support import make_reference, tiny_config
+from support import RecordingMirror, http_get, run, until, with_server
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.fixture(scope="module")
-def pipeline(tiny_modules) -> Pipeline:
-    base = tiny_config().model_dump(mode="json")
-    base.pop("schedule")
-    return build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
-
-
-async def with_server(pipeline, body, max_sessions: int = 1):
-    server = AvatarServer(pipeline, make_reference(), "", CallConfig(), max_sessions, "note")
-    port = await server.start("127.0.0.1", 0)
-    try:
-        return await body(server, f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}")
-    finally:
-        await server.stop()
-
-
-async def next_message(ws, kind: str) -> dict:
-    while True:
-        msg = json.loads(await ws.recv())
-        if msg["type"] == kind:
-            return msg
-
-
-def http_get(url: str) -> tuple[int, str, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.headers.get("Content-Type", ""), r.read()
-    except urllib.error.HTTPError as err:
-        return err.code, "", b""
-
-
-def test_page_is_served(pipeline) -> None:
-    async def body(server, ws_url, http):
+def test_page_is_served(live_pipeline) -> None:
+    async def body(server, ws_url, port):
+        http = f"http://127.0.0.1:{port}"
         page = await asyncio.to_thread(http_get, http + "/")
         js = await asyncio.to_thread(http_get, http + "/app.js")
         missing = await asyncio.to_thread(http_get, http + "/nope.html")
         escape = await asyncio.to_thread(http_get, http + "/..%2Fpyproject.toml")
         return page, js, missing, escape
 
-    page, js, missing, escape = run(with_server(pipeline, body))
+    page, js, missing, escape = run(with_server(live_pipeline, body))
     assert page[0] == 200 and page[1].startswith("text/html") and b"talkloop" in page[2]
     assert js[0] == 200 and b"RTCPeerConnection" in js[2]
     assert missing[0] == 404 and escape[0] == 404
 
 
-def test_session_hello_and_protocol_errors_keep_the_session(pipeline) -> None:
-    async def body(server, ws_url, http):
+def test_session_hello_and_protocol_errors_keep_the_session(live_pipeline) -> None:
+    async def body(server, ws_url, port):
         async with websockets.connect(ws_url) as ws:
             hello = json.loads(await ws.recv())
             errors = []
@@ -87,13 +44,13 @@ def test_session_hello_and_protocol_errors_keep_the_session(pipeline) -> None:
                 json.dumps({"type": "candidate", "candidate": "candidate:1 1 udp"}),
             ]:
                 await ws.send(raw)
-                errors.append(await next_message(ws, "error"))
+                errors.append(await until(ws, "error"))
             await ws.send(json.dumps({"type": "prompt", "text": "calm"}))
             await ws.send(json.dumps({"type": "interrupt"}))
             alive = len(server.calls)
             return hello, errors, alive
 
-    hello, errors, alive = run(with_server(pipeline, body))
+    hello, errors, alive = run(with_server(live_pipeline, body, notice="note"))
     assert hello["type"] == "session" and len(hello["token"]) > 10 and hello["notice"] == "note"
     codes = [e["code"] for e in errors]
     assert codes == [
@@ -109,8 +66,8 @@ def test_session_hello_and_protocol_errors_keep_the_session(pipeline) -> None:
     assert alive == 1
 
 
-def test_busy_bad_token_and_oversize(pipeline) -> None:
-    async def body(server, ws_url, http):
+def test_busy_bad_token_and_oversize(live_pipeline) -> None:
+    async def body(server, ws_url, port):
         async with websockets.connect(ws_url) as first:
             await first.recv()
             async with websockets.connect(ws_url) as second:
@@ -130,7 +87,7 @@ def test_busy_bad_token_and_oversize(pipeline) -> None:
             fresh = json.loads(await again.recv())
         return busy, busy_code, bad, big.value.rcvd.code, left, fresh
 
-    busy, busy_code, bad, big_code, left, fresh = run(with_server(pipeline, body))
+    busy, busy_code, bad, big_code, left, fresh = run(with_server(live_pipeline, body))
     assert busy["code"] == "busy" and "limit of 1" in busy["message"] and busy_code == 1013
     assert bad["code"] == "bad_token"
     assert big_code == 1009  # message too big
@@ -138,8 +95,8 @@ def test_busy_bad_token_and_oversize(pipeline) -> None:
     assert fresh["type"] == "session"  # and the server still serves
 
 
-def test_vanished_client_frees_its_session(pipeline) -> None:
-    async def body(server, ws_url, http):
+def test_vanished_client_frees_its_session(live_pipeline) -> None:
+    async def body(server, ws_url, port):
         ws = await websockets.connect(ws_url)
         await ws.recv()
         call = next(iter(server.calls.values())).call
@@ -152,21 +109,21 @@ def test_vanished_client_frees_its_session(pipeline) -> None:
             await asyncio.sleep(0.05)
         return len(server.calls), call
 
-    left, call = run(with_server(pipeline, body))
+    left, call = run(with_server(live_pipeline, body))
     assert left == 0
     assert not call._thread.is_alive()
     assert call.session.state.fields["context_latents"] is None  # tensors released
     assert not [t for t in threading.enumerate() if t.name.startswith("gen-")]
 
 
-def test_session_tokens_are_hex_and_sessions_get_free_slots(pipeline) -> None:
+def test_session_tokens_are_hex_and_sessions_get_free_slots(live_pipeline) -> None:
     slots: list[int] = []
 
     def mirrors(slot: int) -> list:
         slots.append(slot)
         return []
 
-    async def body(server, ws_url, http):
+    async def body(server, ws_url, port):
         server.mirror_factory = mirrors
         first = await websockets.connect(ws_url)
         hello = json.loads(await first.recv())
@@ -182,7 +139,7 @@ def test_session_tokens_are_hex_and_sessions_get_free_slots(pipeline) -> None:
                 open_slots = sorted(s.number for s in server.calls.values())
         return hello, open_slots
 
-    hello, open_slots = run(with_server(pipeline, body, max_sessions=2))
+    hello, open_slots = run(with_server(live_pipeline, body, max_sessions=2))
     # hex: a token never starts with "-" (read as an option after --token) nor needs quoting
     assert len(hello["token"]) == 32 and set(hello["token"]) <= set("0123456789abcdef")
     assert slots == [1, 2, 1] and open_slots == [1, 2]
@@ -209,14 +166,14 @@ class SlowClosingMirror:
         self.close()
 
 
-def test_a_slot_stays_taken_while_its_mirror_drains(pipeline) -> None:
+def test_a_slot_stays_taken_while_its_mirror_drains(live_pipeline) -> None:
     made: list[tuple[int, SlowClosingMirror]] = []
 
     def mirrors(slot: int) -> list:
         made.append((slot, SlowClosingMirror()))
         return [made[-1][1]]
 
-    async def body(server, ws_url, http):
+    async def body(server, ws_url, port):
         server.mirror_factory = mirrors
         ws = await websockets.connect(ws_url)
         await ws.recv()
@@ -236,32 +193,15 @@ def test_a_slot_stays_taken_while_its_mirror_drains(pipeline) -> None:
         made[-1][1].release.set()
         return refused, accepted
 
-    refused, accepted = run(with_server(pipeline, body))
+    refused, accepted = run(with_server(live_pipeline, body))
     assert refused["code"] == "busy"
     assert accepted["type"] == "session" and [slot for slot, _ in made] == [1, 1]
 
 
-class RecordingMirror:
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def open(self, info) -> None:
-        self.events.append("open")
-
-    def write(self, video, audio) -> None:
-        pass
-
-    def close(self) -> None:
-        self.events.append("close")
-
-    def abort(self) -> None:
-        self.events.append("abort")
-
-
-def test_a_session_that_never_started_closes_its_mirrors(pipeline) -> None:
+def test_a_session_that_never_started_closes_its_mirrors(live_pipeline) -> None:
     mirror = RecordingMirror()
 
-    async def body(server, ws_url, http):
+    async def body(server, ws_url, port):
         server.mirror_factory = lambda slot: [mirror]
         async with websockets.connect(ws_url) as ws:  # the page opens a session, no call follows
             await ws.recv()
@@ -270,5 +210,5 @@ def test_a_session_that_never_started_closes_its_mirrors(pipeline) -> None:
                 break
             await asyncio.sleep(0.05)
 
-    run(with_server(pipeline, body))
+    run(with_server(live_pipeline, body))
     assert mirror.events == ["open", "close"]

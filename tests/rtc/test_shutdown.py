@@ -15,22 +15,9 @@ import time
 import pytest
 import websockets
 
+from support import offer_without_candidates
+
 pytestmark = pytest.mark.e2e
-
-
-async def offer_without_candidates() -> str:
-    """A browser-like offer with no candidates: the server answers and starts generating, but
-    has no address to check, so no packet is sent."""
-    from aiortc import RTCPeerConnection
-
-    pc = RTCPeerConnection()
-    pc.addTransceiver("audio", direction="recvonly")
-    pc.addTransceiver("video", direction="recvonly")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()
-    lines = [x for x in sdp.splitlines() if x and not x.startswith("a=candidate")]
-    return "".join(x + "\r\n" for x in lines if not x.startswith("a=end-of-candidates"))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -35,15 +35,13 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from talkloop.pipeline.assets import HELLO_WAV  # noqa: E402
 from talkloop.pipeline.audio.io import load_audio  # noqa: E402
 from talkloop.pipeline.cluster.connect import SLOT  # noqa: E402
-from talkloop.pipeline.core.config import build_config  # noqa: E402
-from talkloop.rtc.app import live_config_dict  # noqa: E402
 from talkloop.rtc.call import CallConfig  # noqa: E402
 from talkloop.rtc.call_host import HostSpec  # noqa: E402
 from talkloop.rtc.client import WavMicrophone  # noqa: E402
 from talkloop.rtc.cluster import ClusterServer  # noqa: E402
 from talkloop.rtc.ice import IceConfig  # noqa: E402
 
-from support import make_reference, tiny_config  # noqa: E402
+from support import live_config, make_reference, tiny_config  # noqa: E402
 
 HOST = "127.0.0.2"  # the pages and the front; Ray's own traffic stays on 127.0.0.1
 NODE = {
@@ -213,11 +211,10 @@ async def agent(
 
 
 async def calls(cluster: Cluster, seconds: float, speech: np.ndarray) -> dict:
-    base = tiny_config(
-        video={"width": SIZE, "height": SIZE}, model={"backend": "torch"}
-    ).model_dump(mode="json")
-    base.pop("schedule")
-    config = build_config(**live_config_dict(base)).model_dump(mode="json")
+    live = live_config(
+        tiny_config(video={"width": SIZE, "height": SIZE}, model={"backend": "torch"})
+    )
+    config = live.model_dump(mode="json")
     spec = HostSpec(
         config, make_reference(SIZE, SIZE), "", CallConfig(), "", IceConfig(urls=[]), 60.0
     )

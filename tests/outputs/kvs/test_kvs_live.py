@@ -12,21 +12,15 @@ from kvs_helpers import ACCESS_KEY, SECRET_KEY, STREAM, clean_aws_env, decode_mk
 from talkloop.agent.clock import ManualClock
 from talkloop.agent.frames import AudioFrame
 from talkloop.agent.session import AvatarConfig, AvatarSession
-from talkloop.pipeline.core.config import build_config
-from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.pipeline.outputs.kvs import KvsSink
-from talkloop.rtc.app import live_config_dict
 
-from support import advance, make_reference, tiny_config
+from support import advance, drain, make_reference
 
 pytestmark = pytest.mark.e2e
 
 
-def test_live_session_mirrors_to_kvs(monkeypatch, tmp_path, tiny_modules, speech) -> None:
+def test_live_session_mirrors_to_kvs(monkeypatch, tmp_path, live_pipeline, speech) -> None:
     clean_aws_env(monkeypatch, tmp_path)
-    base = tiny_config().model_dump(mode="json")
-    base.pop("schedule")
-    pipeline = build_pipeline(build_config(**live_config_dict(base)), tiny_modules)
     audio = np.rint(speech[:32000] * 32767).astype("<i2").tobytes()
 
     async def body(url: str):
@@ -41,7 +35,7 @@ def test_live_session_mirrors_to_kvs(monkeypatch, tmp_path, tiny_modules, speech
         )
         clock = ManualClock()
         avatar = AvatarSession(
-            pipeline, make_reference(), config=AvatarConfig(), clock=clock, mirrors=[sink]
+            live_pipeline, make_reference(), config=AvatarConfig(), clock=clock, mirrors=[sink]
         )
         avatar.start()
         consumer = asyncio.create_task(drain(avatar))
@@ -52,10 +46,6 @@ def test_live_session_mirrors_to_kvs(monkeypatch, tmp_path, tiny_modules, speech
         consumer.cancel()
         await avatar.close()
         return sink, stats
-
-    async def drain(avatar) -> None:
-        async for _ in avatar:
-            pass
 
     with FakeKvs(ACCESS_KEY, SECRET_KEY) as kvs:
         sink, stats = asyncio.run(asyncio.wait_for(body(kvs.url), 120))

@@ -11,19 +11,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/ for conftest helpers
 
 from talkloop.pipeline.core.clock import frame_start_sample  # noqa: E402
-from talkloop.pipeline.core.config import build_config  # noqa: E402
 from talkloop.pipeline.core.pipeline import Pipeline  # noqa: E402
 from talkloop.pipeline.core.stage import Stage, StageContext  # noqa: E402
 from talkloop.pipeline.models.registry import (
     build_pipeline,
     family_phases,  # noqa: E402
 )
-from talkloop.rtc.app import live_config_dict  # noqa: E402
 from talkloop.rtc.call import CallConfig  # noqa: E402
 from talkloop.rtc.server import AvatarServer  # noqa: E402
 from talkloop.rtc.tracks import read_stamp, stamp_bits  # noqa: E402
 
-from support import make_reference, speech_and_pauses, tiny_config  # noqa: E402
+from support import live_config, make_reference, speech_and_pauses, tiny_config  # noqa: E402
 
 HOST = "127.0.0.2"
 
@@ -49,9 +47,7 @@ PAGE_STATS_JS = """async () => {
 
 
 def tiny_live_pipeline(size: int = 128) -> Pipeline:
-    base = tiny_config(video={"width": size, "height": size}).model_dump(mode="json")
-    base.pop("schedule")
-    return build_pipeline(build_config(**live_config_dict(base)))
+    return build_pipeline(live_config(tiny_config(video={"width": size, "height": size})))
 
 
 async def start_server(pipeline: Pipeline, **kw) -> tuple[AvatarServer, str]:

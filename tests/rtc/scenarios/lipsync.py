@@ -27,11 +27,11 @@ from talkloop.pipeline.audio.io import load_audio
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.models.portrait.family import NATIVE_SIZES
 from talkloop.pipeline.models.registry import build_pipeline, load_reference
-from talkloop.rtc.app import live_config_dict
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.client import run_call
 
 from common import FrameAudio, Sightings, cavity_share, emit, mouth_box, numbered, start_server
+from support import live_config
 
 RATE = 16000
 # 1.5 s of silence, then 3 s of speech, a 1.6 s pause, 3 s more speech and a closing pause.
@@ -54,12 +54,12 @@ def plan_audio() -> np.ndarray:
 
 async def main() -> None:
     width, height = NATIVE_SIZES[0]  # `talkloop serve`'s defaults: portrait, 512x512, auto
-    base = build_config(
-        video={"width": width, "height": height},
-        model={"family": "portrait", "backend": "auto"},
-    ).model_dump(mode="json")
-    base.pop("schedule")
-    config = build_config(**live_config_dict(base))
+    config = live_config(
+        build_config(
+            video={"width": width, "height": height},
+            model={"family": "portrait", "backend": "auto"},
+        )
+    )
     pipeline = numbered(await asyncio.to_thread(build_pipeline, config))
     audio = FrameAudio()
     # No latency stamps: the frame numbers use those blocks.

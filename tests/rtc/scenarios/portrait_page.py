@@ -11,9 +11,9 @@ from playwright.async_api import async_playwright
 from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.models.registry import build_pipeline, load_reference
-from talkloop.rtc.app import live_config_dict
 
 from common import PAGE_STATS_JS, emit, start_server
+from support import live_config
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -25,11 +25,9 @@ async def main() -> None:
     ap.add_argument("--seconds", type=float, default=6)
     ap.add_argument("--screenshot", required=True)
     args = ap.parse_args()
-    base = build_config(
-        video={"width": args.size, "height": args.size}, model={"family": "portrait"}
-    ).model_dump(mode="json")
-    base.pop("schedule")
-    config = build_config(**live_config_dict(base))
+    config = live_config(
+        build_config(video={"width": args.size, "height": args.size}, model={"family": "portrait"})
+    )
     pipeline = await asyncio.to_thread(build_pipeline, config)
     server, url = await start_server(pipeline)
     server.reference = load_reference(config, None)  # the server's own avatar: the default
