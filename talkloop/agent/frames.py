@@ -14,7 +14,7 @@ import numpy as np
 from talkloop.pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
 from talkloop.pipeline.core.errors import InputError
 
-# The rates voice stacks produce (telephony to studio); anything else is most likely a mistake
+# The rates voice stacks produce (telephony to broadcast quality); anything else is most likely a mistake
 # in the declaration (bytes per second, kHz instead of Hz), so it is rejected with that hint.
 SUPPORTED_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
 

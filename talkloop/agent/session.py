@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from talkloop.agent.clock import Clock, Lateness, MediaClock, RealClock, av_offset_ms
 from talkloop.agent.driver import AudioDriver
 from talkloop.agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
+from talkloop.agent.tts import EspeakTTS
 from talkloop.pipeline.audio.resample import StreamResampler
 from talkloop.pipeline.backends.report import describe
 from talkloop.pipeline.core.errors import BusyError, SessionClosedError
@@ -292,7 +293,6 @@ class AvatarSession:
             BusyError: ``MAX_QUEUED_SAYS`` lines are already waiting.
             SessionClosedError: the session was closed.
         """
-        from talkloop.agent.tts import EspeakTTS
 
         if self.closed:
             raise SessionClosedError("the avatar session is closed")

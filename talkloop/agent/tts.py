@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from talkloop.agent.frames import AudioFrame
 from talkloop.agent.text import check_text
 from talkloop.pipeline.audio.espeak import ESPEAK_RATE, engine
+from talkloop.pipeline.audio.resample import resample
 
 
 class TTSOptions(BaseModel):
@@ -95,7 +96,6 @@ class EspeakTTS:
 
     async def synthesize(self, text: str, sample_rate: int | None = None) -> np.ndarray:
         """The whole utterance as float32 mono (at ``sample_rate``, default espeak's)."""
-        from talkloop.pipeline.audio.resample import resample
 
         parts = [f.to_mono_float() async for f in self.stream(text)]
         audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 import signal
 import sys
@@ -12,10 +14,27 @@ from talkloop.pipeline.args import (
     add_model_args,
     add_video_args,
     config_from_args,
-    parse_size,
-    size_help,
 )
+from talkloop.pipeline.bench.run import add_bench_args, add_live_args, cmd_bench
+from talkloop.pipeline.cluster.cli import add_cluster_parsers, cmd_cluster
+from talkloop.pipeline.console import LOG_FORMAT, quiet_for
+from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.core.errors import ConfigError, TalkloopError
+from talkloop.pipeline.offload.distributed import is_publisher
+from talkloop.pipeline.outputs.kvs.args import add_kvs_args, check_kvs_args, kvs_sink_from_args
+from talkloop.pipeline.outputs.kvs.args import add_kvs_args as add_serve_kvs_args
+from talkloop.pipeline.render import check_output_path, render_file
+from talkloop.pipeline.synth.cli import add_synth_parser, cmd_synth
+from talkloop.pipeline.train.cli import add_eval_parser, add_train_parser, cmd_eval, cmd_train
+from talkloop.rtc.app import (
+    check_sessions,
+    live_config_dict,
+    load_avatar,
+    resolve_weights,
+    serve_forever,
+)
+from talkloop.rtc.args import add_serving_args, serving_from_args
+from talkloop.rtc.call import CallConfig
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -30,15 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="output .mp4")
     r.add_argument("--reference", help="avatar image (PNG/JPEG); default: the bundled avatar")
     r.add_argument("--prompt", default="", help='style text, e.g. "calm, friendly, nods a lot"')
-    r.add_argument(
-        "--size",
-        type=parse_size,
-        default=None,
-        help=size_help(),
-    )
-    r.add_argument("--fps", type=int, default=25)
-    r.add_argument("--steps", type=int, default=None, help="A2V sampler steps (default 3)")
-    r.add_argument("--seed", type=int, default=0)
+    add_video_args(r)
     r.add_argument("--preview", action="store_true", help="fast draft: 2 steps, fastest encoder")
     r.add_argument(
         "--quiet", action="store_true", help="no progress bar (there is none off a terminal)"
@@ -47,7 +58,6 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="show library logs and warnings, INFO logs"
     )
     add_model_args(r)
-    from talkloop.pipeline.outputs.kvs.args import add_kvs_args
 
     add_kvs_args(r)
 
@@ -85,40 +95,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_video_args(sv)
     add_model_args(sv)
-    from talkloop.pipeline.outputs.kvs.args import add_kvs_args as add_serve_kvs_args
 
     add_serve_kvs_args(sv)
-    from talkloop.rtc.args import add_serving_args
 
     add_serving_args(sv)
 
     b = sub.add_parser("bench", help="measure ttff, rtf, fps and memory against a naive baseline")
-    from talkloop.pipeline.bench.run import add_bench_args, add_live_args
 
     add_bench_args(b)
     add_live_args(b)
     add_video_args(b)
     add_model_args(b)
 
-    from talkloop.pipeline.synth.cli import add_synth_parser
-
     add_synth_parser(sub)
-    from talkloop.pipeline.train.cli import add_eval_parser, add_train_parser
 
     add_train_parser(sub)
     add_eval_parser(sub)
-    from talkloop.pipeline.cluster.cli import add_cluster_parsers
 
     add_cluster_parsers(sub)
     return parser
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from talkloop.pipeline.render import check_output_path, render_file
 
     config = config_from_args(args)
     check_output_path(args.out)
-    from talkloop.pipeline.outputs.kvs.args import kvs_sink_from_args
 
     mirror = kvs_sink_from_args(args)  # None without --kvs-stream; bad flags fail here, early
     result = render_file(
@@ -136,7 +137,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     if result.interrupted:
         print(f"talkloop: interrupted: wrote {what}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    from talkloop.pipeline.offload.distributed import is_publisher
 
     if is_publisher():  # under torchrun every rank renders; only rank 0 wrote the file
         print(f"wrote {what} in {result.wall_seconds:.1f} s (rtf {result.rtf:.2f})")
@@ -144,20 +144,6 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
-
-    from talkloop.pipeline.console import LOG_FORMAT
-    from talkloop.pipeline.core.config import build_config
-    from talkloop.rtc.app import (
-        check_sessions,
-        live_config_dict,
-        load_avatar,
-        resolve_weights,
-        serve_forever,
-    )
-    from talkloop.rtc.args import serving_from_args
-    from talkloop.rtc.call import CallConfig
 
     logging.basicConfig(format=LOG_FORMAT)  # the levels: console.quiet (main)
     if args.max_sessions < 1:
@@ -177,7 +163,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flag = "--" + str(bad["loc"][0]).replace("_", "-")
         raise ConfigError(f"{flag}: {bad['msg']}, got {bad['input']}") from None
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server installs its own handlers
-    from talkloop.pipeline.outputs.kvs.args import check_kvs_args, kvs_sink_from_args
 
     # Bad --kvs-* flags, or one stream for several sessions, fail now, before the server starts.
     check_kvs_args(args, args.max_sessions)
@@ -213,20 +198,12 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-QUIET_COMMANDS = ("render", "serve")  # library noise off unless -v (talkloop/pipeline/console.py)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``talkloop`` with ``argv`` (default: the process's arguments)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     words = list(sys.argv[1:] if argv is None else argv)
-    command = next((w for w in words if not w.startswith("-")), None)
-    if command not in QUIET_COMMANDS:
-        return _main(words)
-    from talkloop.pipeline.console import quiet
-
-    # Before the parser is built: building it imports torch, which reads its log level then.
-    with quiet(verbose="-v" in words or "--verbose" in words):
+    with quiet_for(words):
         return _main(words)
 
 
@@ -239,20 +216,12 @@ def _main(argv: list[str]) -> int:
         if args.command == "serve":
             return cmd_serve(args)
         if args.command == "bench":
-            from talkloop.pipeline.bench.run import cmd_bench
-
             return cmd_bench(args, config_from_args(args))
         if args.command == "synth":
-            from talkloop.pipeline.synth.cli import cmd_synth
-
             return cmd_synth(args)
         if args.command in ("render-batch", "worker"):
-            from talkloop.pipeline.cluster.cli import cmd_cluster
-
             return cmd_cluster(args)
         if args.command in ("train", "eval"):
-            from talkloop.pipeline.train.cli import cmd_eval, cmd_train
-
             return cmd_train(args) if args.command == "train" else cmd_eval(args)
     except TalkloopError as err:
         print(f"talkloop: error: {err}", file=sys.stderr)

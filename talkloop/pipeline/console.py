@@ -92,6 +92,18 @@ def quiet(verbose: bool = False) -> Iterator[None]:
                     os.environ[key] = value
 
 
+QUIET_COMMANDS = ("render", "serve")  # library noise off unless -v
+
+
+def quiet_for(words: list[str]) -> contextlib.AbstractContextManager:
+    """:func:`quiet` for a command line (its words after ``talkloop``) whose command prints only
+    its own lines (:data:`QUIET_COMMANDS`), verbose with ``-v``; otherwise nothing changes."""
+    command = next((w for w in words if not w.startswith("-")), None)
+    if command not in QUIET_COMMANDS:
+        return contextlib.nullcontext()
+    return quiet(verbose="-v" in words or "--verbose" in words)
+
+
 @contextlib.contextmanager
 def native_stderr_muted(noise: re.Pattern[str] = NATIVE_NOISE) -> Iterator[None]:
     """Run native code with file descriptor 2 captured: lines matching ``noise`` are dropped,

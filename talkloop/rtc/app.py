@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from talkloop.pipeline.cluster.connect import disconnect
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.models.registry import (
@@ -20,6 +21,7 @@ from talkloop.pipeline.models.registry import (
 )
 from talkloop.pipeline.models.spec import DEFAULT_FAMILY
 from talkloop.rtc.call import CallConfig
+from talkloop.rtc.cluster import cluster_server
 from talkloop.rtc.ice import IceConfig
 from talkloop.rtc.security import AccessPolicy
 from talkloop.rtc.server import OFFER_TIMEOUT_S, AvatarServer, check_sessions
@@ -64,8 +66,6 @@ async def serve_forever(
     cluster: str | None = None,
 ) -> None:
     if cluster is not None:  # calls run on Ray actors across the cluster (talkloop/rtc/cluster.py)
-        from talkloop.rtc.cluster import cluster_server
-
         server, where = await asyncio.to_thread(
             cluster_server,
             cluster,
@@ -122,8 +122,6 @@ async def serve_forever(
     finally:
         await server.stop()
         if cluster is not None:  # leave Ray now, not in its exit hook (which sets status 1)
-            from talkloop.pipeline.cluster.connect import disconnect
-
             await asyncio.to_thread(disconnect)
         print("talkloop: stopped", flush=True)
 

@@ -19,6 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from talkloop.agent.protocol import ProtocolError
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.models.registry import load_reference
 
 MAX_AVATAR_BYTES = 180_000  # decoded; base64 makes it 240 kB, under the 256 kB message cap
 AVATAR_FORMATS = ("JPEG", "PNG", "WEBP")
@@ -61,7 +62,6 @@ def decode_avatar(image_b64: object, config: TalkloopConfig) -> np.ndarray:
             image = np.asarray(ImageOps.exif_transpose(im).convert("RGB"), np.uint8).copy()
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
         raise ProtocolError("bad_avatar", "avatar photo is not a readable image") from None
-    from talkloop.pipeline.models.registry import load_reference
 
     try:
         return load_reference(config, image)

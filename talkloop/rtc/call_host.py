@@ -21,10 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.ice import IceConfig
 from talkloop.rtc.relay import RelaySocket
+from talkloop.rtc.server import AvatarServer
 
 
 @dataclass
@@ -72,9 +74,6 @@ class CallHost:
         """Load the networks and make the call's server, before any page is here (a warm
         actor waits like this for the next page). Returns the Ray node id."""
         import ray
-
-        from talkloop.pipeline.core.config import build_config
-        from talkloop.rtc.server import AvatarServer
 
         spec = self.spec
         pipeline = await asyncio.to_thread(build_pipeline, build_config(**spec.config))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from talkloop.pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
+from talkloop.pipeline.bench.worker import looped_speech
 from talkloop.rtc.tracks import read_stamp
 
 if TYPE_CHECKING:
@@ -245,9 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m talkloop.rtc.client URL SECONDS OUT.json``: a scripted call (looped speech as the
     microphone, latency stamps read), its measurements written as JSON. The bench runs the client
     in its own process, as a browser would be, so client work does not share the server's GIL."""
-    import sys
-
-    from talkloop.pipeline.bench.worker import looped_speech
 
     url, seconds, out = (argv or sys.argv[1:])[:3]
     mic = np.concatenate(list(looped_speech(16000, float(seconds) + 5)))

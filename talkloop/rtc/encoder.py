@@ -1,13 +1,12 @@
 """The H.264 encoder of our calls: aiortc's, with x264 set for a small picture on a busy CPU.
 
 aiortc opens libx264 at its default preset (``medium``) with as many threads as x264 likes. For
-a 256x256 talking head that spends CPU the avatar's generation needs on the same cores: in a
-120 s live call on the 2-core AVX2 machine, x264's threads took 0.27 of a core against 0.10 at
-``veryfast`` with one thread (per-thread CPU time of the server, sampled over 30 s), at the
-same picture quality (the bundled clip at 1 Mbit/s: 44.9 against 45.1 dB PSNR, 12 % more bits).
-aiortc has no setting for this, so :func:`install` makes its senders build this encoder for
-H.264; everything else (bitrate control from the browser's feedback, keyframe requests,
-packetisation, the VP8 fallback) stays aiortc's.
+a 256x256 talking head that spends CPU the avatar's generation needs on the same cores; at
+``veryfast`` on one thread x264 takes a fraction of that CPU for the same picture quality and a
+few more bits (docs/benchmarks.md, "Figures behind code choices"). aiortc has no setting for
+this, so :func:`install` makes its senders build this encoder for H.264; everything else
+(bitrate control from the browser's feedback, keyframe requests, packetisation, the VP8
+fallback) stays aiortc's.
 """
 
 from __future__ import annotations

@@ -90,14 +90,14 @@ def test_audio_is_checked_before_the_face_models_and_networks(
 ) -> None:
     """The default (portrait) render frames its photo with the face models: a bad audio file
     must fail before that, and before any network loads."""
-    import talkloop.pipeline.core.pipeline as pipeline
     import talkloop.pipeline.models.portrait.face as face
+    import talkloop.pipeline.models.registry as registry
 
     def loaded(*args, **kwargs):
         raise AssertionError("a model loaded before the audio was checked")
 
     monkeypatch.setattr(face._Model, "__call__", loaded)
-    monkeypatch.setattr(pipeline.Pipeline, "from_config", loaded)
+    monkeypatch.setattr(registry, "load_modules", loaded)
     image = tmp_path / "photo.png"
     Image.new("RGB", (64, 64), (120, 110, 100)).save(image)
     empty = tmp_path / "empty.wav"

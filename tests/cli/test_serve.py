@@ -37,7 +37,7 @@ def test_bad_max_lag(capsys, value: str) -> None:
 
 
 def test_max_lag_reaches_the_calls(monkeypatch, capsys) -> None:
-    import talkloop.rtc.app
+    import talkloop.pipeline.cli
     from talkloop.rtc.call import CallConfig
 
     seen: list[CallConfig] = []
@@ -47,7 +47,7 @@ def test_max_lag_reaches_the_calls(monkeypatch, capsys) -> None:
     ):
         seen.append(call_config)
 
-    monkeypatch.setattr(talkloop.rtc.app, "serve_forever", fake_serve_forever)
+    monkeypatch.setattr(talkloop.pipeline.cli, "serve_forever", fake_serve_forever)
     assert main(["serve", *TINY, "--max-lag-ms", "400", "--playout-delay-ms", "700"]) == 0
     assert main(["serve", *TINY]) == 0
     assert (seen[0].max_lag_ms, seen[0].playout_delay_ms) == (400, 700)

@@ -44,7 +44,7 @@ def test_dim_is_fixed() -> None:
 
 def test_missing_package_is_a_checkpoint_error(monkeypatch) -> None:
     from talkloop.pipeline.core.errors import CheckpointError
-    from talkloop.pipeline.models.studio import text_encoder as te
+    from talkloop.pipeline.models.shared import text_encoder as te
 
     real = te.importlib.util.find_spec
     monkeypatch.setattr(

@@ -139,7 +139,7 @@ def test_wheel_contents(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         assert z.read(meta["top_level.txt"]).decode().split() == ["talkloop"]
         entry = z.read(meta["entry_points.txt"]).decode()
-    assert "talkloop = talkloop.pipeline.cli:main" in entry
+    assert "talkloop = talkloop.__main__:main" in entry
     for page in ("index.html", "app.js", "style.css"):
         assert f"talkloop/web/{page}" in names
     # Every file of the package in the tree is in the wheel: modules, weights, assets, page.

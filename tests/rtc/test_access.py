@@ -241,7 +241,7 @@ def test_exposure_needs_a_token_and_tls_unless_insecure() -> None:
 @pytest.fixture
 def served(monkeypatch):
     """`talkloop serve` up to the server start; the keyword arguments it would serve with."""
-    import talkloop.rtc.app
+    import talkloop.pipeline.cli
 
     seen: list[dict] = []
 
@@ -250,7 +250,7 @@ def served(monkeypatch):
     ):
         seen.append({"host": host, "max_sessions": max_sessions, **k})
 
-    monkeypatch.setattr(talkloop.rtc.app, "serve_forever", fake_serve_forever)
+    monkeypatch.setattr(talkloop.pipeline.cli, "serve_forever", fake_serve_forever)
     return seen
 
 

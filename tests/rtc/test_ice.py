@@ -98,14 +98,14 @@ def test_inconsistent_ice_settings_are_refused(kw, message) -> None:
 
 @pytest.fixture
 def served(monkeypatch):
-    import talkloop.rtc.app
+    import talkloop.pipeline.cli
 
     seen: list[dict] = []
 
     async def fake_serve_forever(*a, **k):
         seen.append(k)
 
-    monkeypatch.setattr(talkloop.rtc.app, "serve_forever", fake_serve_forever)
+    monkeypatch.setattr(talkloop.pipeline.cli, "serve_forever", fake_serve_forever)
     return seen
 
 

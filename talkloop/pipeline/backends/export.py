@@ -3,8 +3,8 @@
 The TorchScript-based exporter at opset 17 (what ONNX Runtime and OpenVINO both read); the one
 operator it lacks here, ``aten::rms_norm`` (the DiTs' QK norm), is written out as its formula,
 and the tanh GELU of the DiTs' MLPs is one ``com.microsoft`` FastGelu node (both runtimes read it)
-instead of the eight element-wise nodes of its formula, which ONNX Runtime did not fuse: A2V
-steps 6 % and SR calls 8-10 % faster on the 2-core AVX2 CPU, the same outputs.
+instead of the eight element-wise nodes of its formula, which ONNX Runtime did not fuse: faster
+A2V and SR calls, the same outputs (docs/benchmarks.md, "Figures behind code choices").
 """
 
 from __future__ import annotations

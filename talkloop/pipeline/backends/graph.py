@@ -56,7 +56,7 @@ class GraphForward:
         self.dynamic = {k: tuple(v) for k, v in (dynamic or {}).items()}
         self.hash = weights_hash(graph)
         self.runners: dict[Shapes, Runner] = {}
-        # One call at a time: an OpenVINO infer request is not re-entrant, and on a 2-core CPU
+        # One call at a time: an OpenVINO infer request is not re-entrant, and on a small CPU
         # two concurrent calls would only split the same cores.
         self.lock = threading.Lock()
 

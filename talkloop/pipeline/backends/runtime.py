@@ -45,7 +45,7 @@ _graph_threads: int | None = None
 def graph_threads() -> int:
     """Intra-op threads of every exported graph in this process: torch's thread count when the
     first graph was loaded (or what :func:`set_graph_threads` gave), fixed from then on, so a
-    family that then narrows torch to one thread for its glue (studio: ``use_backend``) does
+    family that then narrows torch to one thread for its glue (a family's ``use_backend``) does
     not narrow its graphs, and no graph oversubscribes the cores torch was given."""
     global _graph_threads
     if _graph_threads is None:

@@ -1,6 +1,6 @@
 """``--backend auto`` and ``--dtype auto``: time the candidates on this machine once, cache the winner.
 
-The timed work is a family's own probe (for studio: the networks' work for one N chunk of the
+The timed work is a family's own probe (for example the networks' work for one N chunk of the
 config's schedule), min of several runs, so a busy neighbour on a shared machine costs a slower
 pick at worst, never a wrong result. The choice is cached in ``<cache>/auto-<key>.json`` (backend)
 or ``<cache>/dtype-<key>.json``, keyed by the CPU model and flags, the library versions and the
@@ -9,6 +9,7 @@ family's ``identity`` (its weights and the probe's shapes), and reused by every 
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import json
 import logging
 import time
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from talkloop.pipeline.backends.cache import cache_dir, cached_file, key
 from talkloop.pipeline.backends.runtime import available_backends, check_available
+from talkloop.pipeline.core.config import cpu_info, native_bf16
 
 if TYPE_CHECKING:
     from talkloop.pipeline.core.config import TalkloopConfig
@@ -30,7 +32,6 @@ ProbeFactory = Callable[[tuple[str, ...]], Probes]
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
 
     out = {}
     for pkg in ("torch", "onnxruntime", "openvino"):
@@ -84,7 +85,6 @@ def fastest(
     Returns:
         One of ``candidates``.
     """
-    from talkloop.pipeline.core.config import cpu_info
 
     cpu = cpu_info()
     k = key(cpu.get("model name", ""), cpu.get("flags", ""), _versions(), identity, candidates)
@@ -127,10 +127,8 @@ def resolve_dtype(
 
     On CUDA ``auto`` is bfloat16. On a CPU both are timed on the family's own probe where the
     CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere PyTorch emulates bf16, several
-    times slower than float32 (a studio decode and training step about 10x on a Zen 3 EPYC),
-    and float32 is taken without timing an emulation.
+    times slower than float32 (docs/benchmarks.md), and float32 is taken without timing an emulation.
     """
-    from talkloop.pipeline.core.config import native_bf16
 
     if requested != "auto":
         return requested  # type: ignore[return-value]

@@ -21,9 +21,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from talkloop.pipeline.bench.memory import memory_trend
-from talkloop.pipeline.bench.worker import rss_mb
+from talkloop.pipeline.bench.worker import bench_reference, rss_mb
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.models.registry import build_pipeline
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.client import CallResult
+from talkloop.rtc.server import AvatarServer
 
 if TYPE_CHECKING:
     from talkloop.rtc.client import CallResult
@@ -33,9 +36,6 @@ HOST_IN_NETNS = "127.0.0.2"
 
 
 async def measure(spec: dict) -> dict:
-    from talkloop.pipeline.bench.worker import bench_reference
-    from talkloop.rtc.call import CallConfig
-    from talkloop.rtc.server import AvatarServer
 
     config = TalkloopConfig.model_validate(spec["config"])
     pipeline = await asyncio.to_thread(build_pipeline, config)
@@ -123,7 +123,6 @@ async def measure(spec: dict) -> dict:
 async def client_call(url: str, seconds: float) -> CallResult:
     """One call from a client in its own process, like a browser: its decoding must not share
     the server's interpreter (GIL) and distort the server's figures."""
-    from talkloop.rtc.client import CallResult
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "client.json"

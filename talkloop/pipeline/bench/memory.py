@@ -2,11 +2,10 @@
 
 Resident memory rises at the start of every run (allocator pools, the decoder's cache, kernel
 and encoder buffers, the first chunks) and then stays level if nothing accumulates. A slope
-fitted across the rise mistakes warm-up for a leak: a 60 s run of the shipped model "grew" about
-20 MB/min while 5- and 10-minute runs were flat. So the first ``WARMUP_S`` seconds (of generated
-video offline, of call time live) are reported as one growth figure, and the slope is fitted to
-what follows only when at least ``MIN_STEADY_S`` seconds follow; shorter runs report no slope
-(null in JSON, n/a in tables).
+fitted across the rise mistakes warm-up for a leak (docs/benchmarks.md, "Figures behind code
+choices"). So the first ``WARMUP_S`` seconds (of generated video offline, of call time live) are
+reported as one growth figure, and the slope is fitted to what follows only when at least
+``MIN_STEADY_S`` seconds follow; shorter runs report no slope (null in JSON, n/a in tables).
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ import numpy as np
 
 __all__ = ["MIN_STEADY_S", "WARMUP_S", "memory_trend"]
 
-# The shipped model's RSS reaches its level within 20-30 s (offline and live, 2026-11-30 runs).
+# Long enough for the shipped model's RSS to reach its level, offline and live
+# (docs/benchmarks.md, "Figures behind code choices").
 WARMUP_S = 30.0
 # A slope fitted to less than a minute is mostly the RSS wobble of a few chunks.
 MIN_STEADY_S = 60.0

@@ -11,13 +11,18 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.pipeline.bench.memory import MIN_STEADY_S
+from talkloop.pipeline.core.config import TalkloopConfig, build_config, cpu_info, native_bf16
 from talkloop.pipeline.core.errors import ConfigError, TalkloopError
+from talkloop.pipeline.models.sizes import warn_unless_native_size
+from talkloop.pipeline.offload.bench import run_offload_bench
+from talkloop.rtc.app import live_config_dict
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -72,7 +77,6 @@ def parse_durations(text: str) -> list[float]:
 def machine_info(compute_dtype: str) -> dict:
     """Where the figures were measured: the CPUs this process may use (its affinity mask, as under
     ``taskset``, not the host's count), the CPU model and whether it has bf16 in hardware."""
-    from talkloop.pipeline.core.config import cpu_info, native_bf16
 
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every CPU counts
     return {
@@ -109,7 +113,6 @@ def run_worker(
 
 
 def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
-    from talkloop.pipeline.models.sizes import warn_unless_native_size
 
     warn_unless_native_size(config)  # here too: the runs' own logs are only shown if they fail
     if args.cycles < 0 or (args.cycles and not args.live):
@@ -118,8 +121,6 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
         return cmd_bench_live(args, config)
     durations = parse_durations(args.durations)
     if getattr(args, "offload", False):
-        from talkloop.pipeline.offload.bench import run_offload_bench
-
         return run_offload_bench(args, config, min(durations))
     cfg = config.model_dump(mode="json")
     out: Path = args.out
@@ -166,14 +167,11 @@ NETNS_SETUP = 'ip link set lo up && ip addr add 127.0.0.2/8 dev lo && exec "$0" 
 
 
 def can_use_netns() -> bool:
-    import shutil
 
     return os.geteuid() == 0 and bool(shutil.which("unshare")) and bool(shutil.which("ip"))
 
 
 def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
-    from talkloop.pipeline.core.config import build_config
-    from talkloop.rtc.app import live_config_dict
 
     base = config.model_dump(mode="json")
     base.pop("schedule")
@@ -258,8 +256,6 @@ def print_table(result: dict) -> None:
             f"{_fmt(r['mem_slope_mb_per_min']):>21s}"
         )
     if result["runs"]:
-        from talkloop.pipeline.bench.memory import MIN_STEADY_S
-
         print(
             f"memory: growth over the first {result['runs'][0]['mem_warmup_s']:g} s of video "
             f"(warm-up), then the slope of the rest; n/a where less than {MIN_STEADY_S:g} s "

@@ -23,10 +23,11 @@ from talkloop.pipeline.audio.io import load_audio
 from talkloop.pipeline.backends.report import describe
 from talkloop.pipeline.bench.memory import memory_trend
 from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from talkloop.pipeline.core.stage import Stage, StageContext
-from talkloop.pipeline.models.registry import family_phases
+from talkloop.pipeline.models.registry import family_phases, load_modules, load_reference
 from talkloop.pipeline.outputs.background import BackgroundSink
 from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
@@ -45,8 +46,6 @@ def peak_rss_mb() -> float:
 def bench_reference(config: TalkloopConfig) -> np.ndarray:
     """The family's default avatar, else a deterministic test card (the bench measures speed and
     memory, not looks)."""
-    from talkloop.pipeline.core.errors import InputError
-    from talkloop.pipeline.models.registry import load_reference
 
     try:
         return load_reference(config, None)
@@ -148,7 +147,6 @@ def run(spec: dict) -> dict:
     if mode == "naive":
         publish = phases["publish"]
         publish.stages = [HoardLatents(), *publish.stages]
-    from talkloop.pipeline.models.registry import load_modules
 
     pipeline = Pipeline(config, load_modules(config), phases)
     # What --backend auto and --dtype auto chose here: {"backend", "dtype", "int8"}.

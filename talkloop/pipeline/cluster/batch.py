@@ -27,9 +27,11 @@ from tqdm import tqdm
 from talkloop.pipeline.cluster.connect import import_ray
 from talkloop.pipeline.cluster.manifest import Row
 from talkloop.pipeline.console import progress_bar
+from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.models.registry import build_pipeline
+from talkloop.pipeline.render import render_file
 
-TASK_MEMORY_MB = 3000  # portrait at 512 px peaks near 1.5 GB; room for the encoder and torch
+TASK_MEMORY_MB = 3000  # a render's peak with room for the encoder and torch (docs/scaling.md)
 SUMMARY = "summary.json"
 
 
@@ -77,9 +79,6 @@ def _pipeline(config):
 def render_row(job: Job) -> RowResult:
     """Render one row (runs inside a Ray task). Errors of the row become its result."""
     import ray
-
-    from talkloop.pipeline.core.config import build_config
-    from talkloop.pipeline.render import render_file
 
     t0 = time.perf_counter()
     node = ray.get_runtime_context().get_node_id()

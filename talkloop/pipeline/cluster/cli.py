@@ -11,6 +11,17 @@ import sys
 import time
 from pathlib import Path
 
+from talkloop.pipeline.args import add_model_args, add_video_args, config_from_args
+from talkloop.pipeline.cluster.batch import TASK_MEMORY_MB, run_batch, write_summary
+from talkloop.pipeline.cluster.connect import (
+    CALL_NAMESPACE,
+    SLOT,
+    connect,
+    disconnect,
+    import_ray,
+    token_auth_env,
+)
+from talkloop.pipeline.cluster.manifest import read_manifest
 from talkloop.pipeline.core.errors import ConfigError
 
 EXIT_ROWS_FAILED = 1
@@ -22,7 +33,6 @@ CLUSTER_HELP = (
 
 
 def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
-    from talkloop.pipeline.args import add_model_args, add_video_args
 
     b = sub.add_parser(
         "render-batch",
@@ -84,10 +94,6 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_render_batch(args: argparse.Namespace) -> int:
-    from talkloop.pipeline.args import config_from_args
-    from talkloop.pipeline.cluster.batch import TASK_MEMORY_MB, run_batch, write_summary
-    from talkloop.pipeline.cluster.connect import connect, disconnect
-    from talkloop.pipeline.cluster.manifest import read_manifest
 
     rows = read_manifest(args.manifest)  # a bad manifest stops here, before Ray starts
     memory_mb = TASK_MEMORY_MB if args.memory_mb is None else args.memory_mb
@@ -133,14 +139,12 @@ def cmd_render_batch(args: argparse.Namespace) -> int:
 
 def ray_command(*args: str) -> list[str]:
     """The ``ray`` CLI of this Python (the venv's, whatever PATH says)."""
-    from talkloop.pipeline.cluster.connect import import_ray
 
     import_ray()
     return [sys.executable, "-m", "ray.scripts.scripts", *args]
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from talkloop.pipeline.cluster.connect import SLOT
 
     if args.slots < 0:
         raise ConfigError(f"--slots must be 0 or more, got {args.slots}")
@@ -157,14 +161,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         opts.append(f"--node-ip-address={args.node_ip_address}")
     if args.block:
         opts.append("--block")
-    from talkloop.pipeline.cluster.connect import token_auth_env
 
     return subprocess.call(ray_command("start", *opts), env=token_auth_env(dict(os.environ)))
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
     """Ask the head to drain one node (Ray's drain API), then wait until it is idle."""
-    from talkloop.pipeline.cluster.connect import SLOT, import_ray, token_auth_env
 
     if not args.address or args.address.startswith("ray://"):
         raise ConfigError("--drain needs --address HEAD:PORT (the head's GCS address)")
@@ -219,7 +221,6 @@ def _stop_warm_actors(ray, node_id: str) -> None:
     """Stop the call actors waiting for a page on ``node_id`` (a front keeps one warm while
     slots are free): they hold a slot but no call, and the node would never be idle. A front
     that hands one to a page just then places the page elsewhere."""
-    from talkloop.pipeline.cluster.connect import CALL_NAMESPACE
 
     for info in ray.util.list_named_actors(all_namespaces=True):
         if info.get("namespace") != CALL_NAMESPACE:

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.models.spec import DEFAULT_FAMILY, get_spec
+from talkloop.pipeline.offload.device import driver_available
+from talkloop.pipeline.offload.distributed import env_world_size
 
 
 @functools.cache
@@ -39,8 +41,8 @@ def _cpu_flags() -> frozenset[str]:
 def native_bf16(device: str) -> bool:
     """Whether ``device`` computes bf16 in hardware: CUDA, or a CPU with AVX512-BF16 or AMX.
 
-    Elsewhere PyTorch emulates bf16 and it is slower than float32 (measured on an AMD EPYC
-    without AVX-512: a VAE decode and an SR training step ~10x slower under bf16 autocast).
+    Elsewhere PyTorch emulates bf16 and it is several times slower than float32
+    (docs/benchmarks.md, "Figures behind code choices").
     """
     return device == "cuda" or bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
 
@@ -93,13 +95,12 @@ class ScheduleConfig(_Strict):
 
 
 class SamplerConfig(_Strict):
-    # 3 steps: since the mouth net sets the mouth, a fourth step changes nothing measurable (8
-    # held-out clips, first mouth net: lipsync_corr 0.748 at 3 N / 2 I steps, 0.746 at 4 / 4; the
-    # shipped one scores 0.751 at 3 / 3) and costs ~10 % of the frame time.
+    # 3 steps: since the mouth net sets the mouth, a fourth step changes nothing measurable and
+    # costs frame time (docs/benchmarks.md, "Figures behind code choices").
     steps: int = Field(3, ge=1, le=100, description="Euler steps of the A2V flow sampler")
     # With 2 steps the trained model's I frames were softer than the N frames around them, so the
-    # change at their edges was larger (8 held-out clips, seam_ratio with / without I chunks:
-    # 1.115 / 1.116 at 2 I steps, 1.041 / 1.116 at 3, 1.033 / 1.108 at 4).
+    # change at their edges was larger; 3 steps smooth the seams, 4 add little
+    # (docs/benchmarks.md, "Figures behind code choices").
     i_steps: int = Field(3, ge=1, le=100, description="Euler steps for I chunks")
     shift: float = Field(3.0, gt=0, le=20, description="timestep shift (SD3-style); 1 = none")
     audio_guidance: float = Field(1.0, ge=0, le=10, description="CFG scale on audio; 1 = off")
@@ -144,10 +145,10 @@ class ModelConfig(_Strict):
     )
     backend: Literal["auto", "torch", "onnxruntime", "openvino"] = Field(
         "torch",
-        description="what runs the studio family's hot networks: torch, or graphs exported from "
-        "the same weights run by ONNX Runtime or OpenVINO (float32, decoder in int8); auto: the "
+        description="what runs the family's hot networks: torch, or graphs exported from the "
+        "same weights run by ONNX Runtime or OpenVINO (float32, decoder in int8); auto: the "
         "fastest on this machine, timed once and cached (docs/architecture.md, inference "
-        "backends). The portrait family always runs torch",
+        "backends). A family whose spec lists only torch in its backends ignores it",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the networks compute")
     placement: PlacementConfig = PlacementConfig()
@@ -187,8 +188,6 @@ class ModelConfig(_Strict):
         return self
 
     def _check_placement(self) -> None:
-        from talkloop.pipeline.offload.device import driver_available
-        from talkloop.pipeline.offload.distributed import env_world_size
 
         # Only modules with transformer blocks (a ``.blocks`` ModuleList) can be offloaded or
         # sharded per block (load_modules checks the built networks again).

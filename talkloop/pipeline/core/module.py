@@ -48,8 +48,9 @@ class Module(Generic[C]):
     def cast_matmuls(self, dtype: torch.dtype) -> None:
         """Store Linear and Conv weights in ``dtype`` (inference under autocast).
 
-        Autocast would otherwise cast every fp32 weight to bf16 on every call (measured: a
-        third of the A2V's time on this CPU). Norms and embeddings keep their precision.
+        Autocast would otherwise cast every fp32 weight to bf16 on every call, a large share of
+        the A2V's time (docs/benchmarks.md, "Figures behind code choices"). Norms and embeddings
+        keep their precision.
         """
         for layer in self.net.modules():
             if isinstance(layer, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d)):

@@ -1,12 +1,14 @@
 """Pipeline: connects stages, owns each session's rolling memory and drives the chunk schedule.
 
-A pipeline has four phases, each a list of stages over named fields:
+A pipeline has five phases, each a list of stages over named fields (the family's, from
+``registry.build_pipeline``):
 
-- ``init``    (once per session): reference image and prompt -> conditioning (the prompt's
-  expression painted onto the reference);
-- ``n_chunk`` (per N chunk): audio windows -> features -> low-res latents of the chunk;
+- ``init``    (once per session): reference image and prompt -> the family's conditioning;
+- ``prompt``  (when the prompt changes): the new text embedding (and what depends on it);
+- ``n_chunk`` (per N chunk): audio windows -> features -> the chunk's latents;
 - ``i_chunk`` (per I chunk): the new N chunk + the previous anchor -> the interior latents;
-- ``publish`` (per display segment): low-res latents in display order -> SR -> RGB frames.
+- ``publish`` (per display segment): latents in display order -> RGB frames (the family's
+  stages: studio's SR, mouth net and decoder, portrait's renderer).
 
 The phase graph and its check are in ``graph.py``; a session's loop is in ``session.py``.
 Streaming and batch are the same loop: ``Session.step`` runs the next N chunk (and the I chunk
@@ -34,6 +36,7 @@ from talkloop.pipeline.core.session import Session
 from talkloop.pipeline.core.stage import Stage, StageContext
 from talkloop.pipeline.core.state import SHARED_FIELDS, SessionState
 from talkloop.pipeline.models.spec import get_spec
+from talkloop.pipeline.offload.prefetch import stage_prefetcher
 from talkloop.pipeline.outputs.sink import Sink
 
 
@@ -79,7 +82,6 @@ class Pipeline:
         # Called with (phase name, stage) before each stage runs: the offload layer prefetches
         # the next stage's model here (talkloop/pipeline/offload/prefetch.py).
         self.stage_hooks: list[Callable[[str, Stage], None]] = []
-        from talkloop.pipeline.offload.prefetch import stage_prefetcher
 
         prefetcher = stage_prefetcher(self)
         if prefetcher is not None:

@@ -6,8 +6,8 @@ Between chunks a session keeps exactly these items and nothing else:
   embedding, the reference the A2V DiT conditions on, the motion context of the newest N chunk
   (its last ``ctx_len`` latents and their audio features, the last of them also the near anchor
   of the next I chunk) and the streaming audio normalisation statistics;
-- the fields the family's spec declares (``FamilySpec.state_fields``: the studio family's
-  encoded reference and streaming decoder cache, the portrait family's renderer);
+- the fields the family's spec declares (``FamilySpec.state_fields``: for example an encoded
+  reference and a streaming decoder's cache, or a renderer built from the photo);
 - the driving audio not yet published (``AudioBuffer``), trimmed as frames are published.
 
 Anything else a chunk makes (audio features, noise, activations, intermediate latents, RGB

@@ -1,9 +1,9 @@
 """The frame sizes a model's weights were made for, and one warning when asked for another.
 
 Every size that is a multiple of 32 from 64 to 1024 runs (the networks are convolutional and
-patch-based), but trained weights only know the sizes they were trained at: the shipped studio
-model, trained at 256x256, gives a blurred face whose mouth barely moves at 128 and grid
-artefacts with broken eyes at 512 (README, "Sizes"). Where a size comes from, first found:
+patch-based), but trained weights only know the sizes they were trained at: a latent model trained at 256x256
+gives a blurred face whose mouth barely moves at 128 and grid artefacts with broken eyes at 512
+(README, "Sizes"). Where a size comes from, first found:
 
 - the weights folder's ``train_summary.json`` (``recipe.size``, written by ``talkloop train``:
   one side, or [width, height]), so a folder trained at another size is judged by its own;

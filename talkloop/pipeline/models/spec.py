@@ -67,6 +67,11 @@ class FamilySpec:
         live_sampler: sampler overrides of live calls (``SamplerConfig`` fields).
         weights: the folder its shipped weights are in (absent in a stripped install: the
             family's ``installed_weights()`` says whether they are there).
+        backends: what can run its hot networks (``--backend``): torch, and the graph
+            runtimes it exports to (``onnxruntime``, ``openvino``).
+        cli_args: ``module:function(command, group)`` adding the family's own options of
+            ``talkloop train`` / ``talkloop eval`` (``command``) to an argument group; given
+            with another ``--family`` they are refused.
         trainer: ``module:function`` of ``talkloop train --family NAME`` (None: not trainable).
         evaluator: ``module:function`` of ``talkloop eval --family NAME`` (None: no evaluation).
     """
@@ -81,6 +86,8 @@ class FamilySpec:
     live_schedule: Mapping[str, int] = field(default_factory=dict)
     live_sampler: Mapping[str, int] = field(default_factory=dict)
     weights: Path | None = None
+    backends: tuple[str, ...] = ("torch",)
+    cli_args: str | None = None
     trainer: str | None = None
     evaluator: str | None = None
 

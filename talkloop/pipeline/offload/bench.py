@@ -19,9 +19,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from talkloop.pipeline.core.config import TalkloopConfig
+import numpy as np
+
+from talkloop.pipeline.bench.worker import bench_reference, looped_speech
+from talkloop.pipeline.core.config import TalkloopConfig, build_config
 from talkloop.pipeline.core.errors import TalkloopError
-from talkloop.pipeline.models.registry import build_pipeline
+from talkloop.pipeline.models.registry import build_pipeline, load_modules
+from talkloop.pipeline.offload.device import make_ops
+from talkloop.pipeline.offload.distributed import env_world_size, is_publisher
+from talkloop.pipeline.offload.offloaded import BlockOffloader
+from talkloop.pipeline.offload.placement import memory_report
 
 PLACEMENTS = ("resident", "offloaded", "sharded")
 BLOCK_MODULES = ("a2v", "sr")
@@ -97,14 +104,6 @@ def print_table(rows: list[dict]) -> None:
 
 
 def _worker(spec: dict) -> dict | None:
-    import numpy as np
-
-    from talkloop.pipeline.bench.worker import bench_reference, looped_speech
-    from talkloop.pipeline.core.config import build_config
-    from talkloop.pipeline.models.registry import load_modules
-    from talkloop.pipeline.offload.distributed import env_world_size, is_publisher
-    from talkloop.pipeline.offload.offloaded import BlockOffloader
-    from talkloop.pipeline.offload.placement import memory_report
 
     cfg = spec["config"]
     cfg["model"]["placement"] = {m: spec["placement"] for m in BLOCK_MODULES}
@@ -140,8 +139,6 @@ def _worker(spec: dict) -> dict | None:
     swap = [x for s in stalls for x in s["swap_stall_ms"]]
     peak = None
     if config.model.device == "cuda":
-        from talkloop.pipeline.offload.device import make_ops
-
         peak = make_ops("cuda").memory_stats()["peak_device_mb"]
     if not is_publisher():
         return None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from talkloop.pipeline.offload.device import DeviceOps, log
 
 SYS_PCI = Path("/sys/bus/pci/devices")
@@ -88,7 +90,6 @@ def bind_numa(ops: DeviceOps, local_rank: int) -> set[int] | None:
         log.warning("NUMA binding skipped: node CPUs of %s are outside this process's cgroup", bus)
         return None
     os.sched_setaffinity(0, cpus)
-    import torch
 
     torch.set_num_threads(len(cpus))  # no intra-op oversubscription after narrowing the mask
     log.info("rank %d bound to %d CPUs of the NUMA node of GPU %s", local_rank, len(cpus), bus)

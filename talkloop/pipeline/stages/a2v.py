@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from talkloop.pipeline.core.config import SamplerConfig
+from talkloop.pipeline.core.graph import Phase
 from talkloop.pipeline.core.stage import Stage, StageContext
 from talkloop.pipeline.models.shared.sampling import euler_sample
+from talkloop.pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
 
 if TYPE_CHECKING:
     from talkloop.pipeline.core.graph import Phase
@@ -55,8 +57,6 @@ def chunk_phases(sampler: SamplerConfig) -> dict[str, Phase]:
 
     Every family whose A2V is an :class:`A2VDiT` over its own latents shares them.
     """
-    from talkloop.pipeline.core.graph import Phase
-    from talkloop.pipeline.stages.context import AudioFeatureStage, IContextStage, NContextStage
 
     a2v = A2VStage(sampler)
     return {

@@ -1,4 +1,4 @@
-"""The studio: synthetic talking faces with exact ground truth, for training and metrics.
+"""The data generator: synthetic talking faces with exact ground truth, for training and metrics.
 
 Public API::
 

@@ -1,4 +1,4 @@
-"""Character identity: the per-person parameters of a studio avatar, drawn from a seed.
+"""Character identity: the per-person parameters of a synthetic avatar, drawn from a seed.
 
 Everything that stays fixed over a clip lives here (face shape, skin, hair, eyes, brows, lips,
 clothing, background). Lengths are in head units: the face is about 1.1 wide and 1.35 tall, and

@@ -7,7 +7,12 @@ import sys
 import time
 from pathlib import Path
 
+from PIL import Image
+
 from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.synth.character import sample_character
+from talkloop.pipeline.synth.dataset import write_dataset
+from talkloop.pipeline.synth.renderer import Renderer
 
 
 def add_synth_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,10 +43,6 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def _character(args: argparse.Namespace) -> int:
-    from PIL import Image
-
-    from talkloop.pipeline.synth.character import sample_character
-    from talkloop.pipeline.synth.renderer import Renderer
 
     if args.seed < 0:
         raise InputError(f"--seed must be >= 0, got {args.seed}")
@@ -59,7 +60,6 @@ def _character(args: argparse.Namespace) -> int:
 
 
 def _dataset(args: argparse.Namespace) -> int:
-    from talkloop.pipeline.synth.dataset import write_dataset
 
     if args.clips < 1:
         raise InputError(f"--clips must be >= 1, got {args.clips}")

@@ -1,4 +1,4 @@
-"""Studio clips: a character speaking one or two sentences, with exact per-frame ground truth.
+"""Synthetic clips: a character speaking one or two sentences, with exact per-frame ground truth.
 
 ``make_clip(split, index, seed)`` is a pure function of its arguments, so ``iter_clips`` can feed
 a training loop on the fly and ``write_dataset`` can store the very same clips on disk. Audio is
@@ -285,8 +285,9 @@ def write_clip(clip: Clip, folder: str | os.PathLike[str]) -> Path:
 
 
 def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    # np.savez_compressed uses zlib level 6: 4x slower than level 1 on flat cartoon frames for
-    # a file only ~10% smaller. np.load reads either.
+    # np.savez_compressed uses zlib level 6: much slower than level 1 on flat cartoon frames for
+    # a file barely smaller (docs/benchmarks.md, "Figures behind code choices"). np.load reads
+    # either.
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         for name, arr in arrays.items():
             with zf.open(name + ".npy", "w", force_zip64=True) as f:

@@ -6,61 +6,82 @@ import argparse
 import importlib
 from pathlib import Path
 
+from talkloop.pipeline.args import add_model_args, add_video_args
 from talkloop.pipeline.core.errors import ConfigError
-from talkloop.pipeline.models.spec import DEFAULT_FAMILY, family_names, get_spec
+from talkloop.pipeline.models.spec import DEFAULT_FAMILY, family_names, get_spec, specs
+
+
+class _Recorded:
+    """An argument group that remembers the arguments added to it."""
+
+    def __init__(self, group: argparse._ArgumentGroup) -> None:
+        self.group = group
+        self.actions: list[argparse.Action] = []
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = self.group.add_argument(*args, **kwargs)
+        self.actions.append(action)
+        return action
+
+
+def _add_family_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """Each family's own options of ``command`` (its spec's ``cli_args``), one group per family;
+    the parsed namespace remembers whose they are, so that :func:`_check_family_options` can
+    refuse one family's options given with another family."""
+    owned: dict[str, list[argparse.Action]] = {}
+    for name, fam in specs().items():
+        if fam.cli_args is None:
+            continue
+        group = _Recorded(parser.add_argument_group(f"--family {name}"))
+        _function(fam.cli_args)(command, group)
+        owned[name] = group.actions
+    parser.set_defaults(family_options=owned)
+
+
+def _check_family_options(args: argparse.Namespace) -> None:
+    for name, actions in args.family_options.items():
+        for action in actions:
+            if name != args.family and getattr(args, action.dest) != action.default:
+                raise ConfigError(
+                    f"{action.option_strings[0]} is an option of --family {name}, "
+                    f"not of --family {args.family}"
+                )
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``train``."""
+    """Register ``train``: the options every family takes, then each family's own."""
     t = sub.add_parser("train", help="train a model family on synthetic talking faces")
     t.add_argument("--out", type=Path, required=True, help="weights + checkpoint folder")
     t.add_argument(
         "--family",
         choices=family_names(),
         default=DEFAULT_FAMILY,
-        help="the family to train (studio: every network on rendered clips; portrait: the "
-        "motion generator only)",
+        help="the family to train: "
+        + "; ".join(f"{name}: {fam.summary}" for name, fam in specs().items()),
     )
-    t.add_argument("--steps", type=int, help="portrait: motion generator steps")
-    t.add_argument("--preset", choices=["default", "tiny"], default="default")
-    t.add_argument("--data", type=Path, help="studio clips (index.jsonl); default: generate")
-    t.add_argument("--clips", type=int, help="clips to generate when --data is not given")
-    t.add_argument(
-        "--clips-per-character",
-        type=int,
-        help="generated clips per studio character (default 4: each face shows several styles)",
-    )
-    t.add_argument("--steps-vae", type=int, help="VAE steps (recipe default otherwise)")
-    t.add_argument(
-        "--steps-decoder", type=int, help="VAE decoder steps on the frozen encoder's latents"
-    )
-    t.add_argument("--steps-a2v", type=int, help="audio encoder + A2V steps")
-    t.add_argument("--steps-sr", type=int, help="SR steps")
-    t.add_argument("--steps-readout", type=int, help="readout (eval) steps")
-    t.add_argument("--steps-expression", type=int, help="expression (prompt -> reference) steps")
-    t.add_argument("--steps-mouth", type=int, help="mouth (audio -> mouth shape, editor) steps")
+    t.add_argument("--clips", type=int, help="training clips to generate (the family's default)")
     t.add_argument("--minutes", type=float, help="wall-clock budget for the training phases")
-    t.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_family_options(t, "train")
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``eval`` (model options come from the shared model arguments)."""
-    from talkloop.pipeline.args import add_model_args, add_video_args
-
-    e = sub.add_parser("eval", help="score weights on held-out studio clips (JSON + PNG)")
+    e = sub.add_parser("eval", help="score weights on held-out clips (JSON + PNG)")
     e.add_argument("--out", type=Path, required=True, help="folder for eval.json and eval.png")
     e.add_argument("--clips", type=int, default=4, help="test clips for lip sync and seams")
     e.add_argument("--minutes", type=float, default=1.0, help="length of the drift generation")
     e.add_argument("--quiet", action="store_true", help="no progress output")
-    e.add_argument(
-        "--card",
-        action="store_true",
-        help="also write MODEL_CARD.md and eval.json into the weights folder",
-    )
     add_video_args(e)
     add_model_args(e)
+    _add_family_options(e, "eval")
+
+
+def _function(target: str):
+    """The function a spec names as ``module:function``."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _family_command(args: argparse.Namespace, role: str):
@@ -69,8 +90,8 @@ def _family_command(args: argparse.Namespace, role: str):
     if target is None:
         verb = "trained" if role == "trainer" else "evaluated"
         raise ConfigError(f"the {args.family} family cannot be {verb} with talkloop")
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    _check_family_options(args)
+    return _function(target)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

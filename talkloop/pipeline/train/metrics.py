@@ -1,4 +1,4 @@
-"""Quality figures (docs/architecture.md) computed from frames and studio ground truth.
+"""Quality figures (docs/architecture.md) computed from frames and the synthetic clips' ground truth.
 
 Pure numpy: the evaluation produces the series, these functions turn them into numbers.
 """
@@ -10,7 +10,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of two series; 0 where either is constant."""
     a, b = a - a.mean(), b - b.mean()
     den = float(np.sqrt((a * a).sum() * (b * b).sum()))
     return float((a * b).sum() / den) if den > 1e-12 else 0.0
@@ -40,7 +41,7 @@ def lag_correlations(
     corrs = np.zeros(len(lags))
     for i, lag in enumerate(lags):
         pairs = [_at_lag(v, t, int(lag)) for v, t in zip(video, truth, strict=True)]
-        corrs[i] = _pearson(
+        corrs[i] = pearson(
             np.concatenate([x for x, _ in pairs]), np.concatenate([y for _, y in pairs])
         )
     return lags, corrs
@@ -64,9 +65,7 @@ def lipsync(
     lags, corrs = lag_correlations(mouth_video, mouth_truth, max_lag)
     best = int(np.argmax(corrs))
     lag = int(lags[best])
-    per_clip = [
-        _pearson(*_at_lag(v, t, lag)) for v, t in zip(mouth_video, mouth_truth, strict=True)
-    ]
+    per_clip = [pearson(*_at_lag(v, t, lag)) for v, t in zip(mouth_video, mouth_truth, strict=True)]
     return {
         "lipsync_corr": float(corrs[best]),
         "lipsync_lag_ms": float(lags[best] * 1000.0 / fps),

@@ -154,7 +154,7 @@ def test_the_eval_refuses_a_publish_phase_it_does_not_know(runner, monkeypatch) 
         phases["publish"] = Phase("publish", publish.inputs, stages)
         return phases
 
-    monkeypatch.setattr(registry, "phases", extra_publish_stage)
+    monkeypatch.setattr(registry, "family_phases", extra_publish_stage)
     with pytest.raises(PipelineError, match="PortraitRenderStage is the only publish stage"):
         evaluate.eval_phases(runner.config)
 

@@ -15,7 +15,7 @@ from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.models.portrait.evaluate import load_runner
 from talkloop.pipeline.models.portrait.motion import build_motion, load_motion
 from talkloop.pipeline.models.portrait.train import (
-    STUDIO_WEIGHTS,
+    FROZEN_FROM,
     MotionTrainConfig,
     audio_features,
     load_audio_encoder,
@@ -24,6 +24,7 @@ from talkloop.pipeline.models.portrait.train import (
     train_motion,
     validation_loss,
 )
+from talkloop.pipeline.models.studio import SPEC as STUDIO_SPEC
 from talkloop.pipeline.synth.dataset import make_clip
 
 pytestmark = pytest.mark.unit  # ~20 s: espeak for a few clips, the text encoder, 20 steps
@@ -69,11 +70,14 @@ def test_tiny_run_lowers_the_loss_and_writes_a_loadable_folder(run) -> None:
     assert min(trained.config.std) > 0
 
 
-def test_folder_carries_the_frozen_studio_audio_encoder(run) -> None:
+def test_folder_carries_the_frozen_shared_audio_encoder(run) -> None:
+    """The trained folder carries the shipped audio encoder unchanged: the same bytes in the
+    portrait and the studio folders (one shared encoder)."""
     _, out = run
     for suffix in (".json", ".safetensors"):
-        shipped = (STUDIO_WEIGHTS / f"audio_encoder{suffix}").read_bytes()
+        shipped = (FROZEN_FROM / f"audio_encoder{suffix}").read_bytes()
         assert (out / f"audio_encoder{suffix}").read_bytes() == shipped
+        assert (STUDIO_SPEC.weights / f"audio_encoder{suffix}").read_bytes() == shipped
     runner = load_runner(out, dtype="float32")
     clip = make_clip("test", 0, 0, render=False)
     gen = runner.generate(clip.audio, "", ScheduleConfig(), SamplerConfig())
@@ -84,7 +88,7 @@ def test_features_are_what_the_audio_feature_stage_computes_chunk_by_chunk() -> 
     from talkloop.pipeline.core.module import Module
     from talkloop.pipeline.core.schedule import Timeline
     from talkloop.pipeline.core.stage import StageContext
-    from talkloop.pipeline.models.studio.data import audio_windows
+    from talkloop.pipeline.models.shared.audio_encoder import audio_windows
     from talkloop.pipeline.stages.context import AudioFeatureStage
 
     encoder = load_audio_encoder()

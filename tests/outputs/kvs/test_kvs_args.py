@@ -16,7 +16,7 @@ TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 @pytest.fixture
 def served(monkeypatch, tmp_path) -> list[dict]:
     """Runs `serve` up to the server: what it would have served with, instead of serving."""
-    import talkloop.rtc.app
+    import talkloop.pipeline.cli
 
     clean_aws_env(monkeypatch, tmp_path)
     calls: list[dict] = []
@@ -24,7 +24,7 @@ def served(monkeypatch, tmp_path) -> list[dict]:
     async def fake_serve_forever(*args, mirror_factory=None, **kwargs) -> None:
         calls.append({"max_sessions": args[5], "mirror_factory": mirror_factory})
 
-    monkeypatch.setattr(talkloop.rtc.app, "serve_forever", fake_serve_forever)
+    monkeypatch.setattr(talkloop.pipeline.cli, "serve_forever", fake_serve_forever)
     return calls
 
 

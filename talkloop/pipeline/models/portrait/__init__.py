@@ -23,10 +23,11 @@ SPEC = FamilySpec(
         StateField("renderer", "the photo's renderer: the image, its mesh, warp weights"),
     ),
     # Live calls: 3-frame chunks (120 ms) without I chunks; the sampler keeps its offline steps
-    # (docs/benchmarks.md has the measurements behind each choice).
+    # (docs/benchmarks.md, "Why the live schedules are what they are").
     live_schedule={"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2},
     live_sampler={},
     weights=Path(__file__).parent / "weights",
+    cli_args="talkloop.pipeline.models.portrait.cli:add_args",
     trainer="talkloop.pipeline.models.portrait.cli:train",
     evaluator="talkloop.pipeline.models.portrait.cli:evaluate_cli",
 )

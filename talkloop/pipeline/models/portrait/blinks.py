@@ -1,11 +1,11 @@
 """Blinks for the portrait family: a seeded process over absolute frame numbers.
 
-The motion net learns blinks as the studio makes them (a random event a few times a minute), but
+The motion net learns blinks as the synthetic clips have them (a random event a few times a minute), but
 sampled in 3 Euler steps it returns close to the average for such rare events: on held-out clips
 it closed the eyes in 0-2 % of frames against 3.4 % in the truth, and an avatar that never blinks
 looks dead. So the render stage takes the larger of the net's blink and this process: one blink
-(closing in ~60 ms, closed for a frame, opening in ~120 ms, like the studio's) at a random moment in most windows of
-``WINDOW_S`` seconds, ~0.25 blinks a second, the studio's rate. A frame's value depends only on
+(closing in ~60 ms, closed for a frame, opening in ~120 ms, like the synthetic clips') at a random moment in most windows of
+``WINDOW_S`` seconds, ~0.25 blinks a second, the synthetic clips' rate. A frame's value depends only on
 (seed, frame number): streaming and batch, and any chunking, give the same blinks.
 """
 

@@ -6,23 +6,20 @@ import argparse
 import json
 
 from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.models.portrait.evaluate import evaluate_motion
+from talkloop.pipeline.models.portrait.family import INSTALLED_WEIGHTS, installed_weights
+from talkloop.pipeline.models.portrait.train import MotionTrainConfig, train_motion
+
+
+def add_args(command: str, group) -> None:
+    """The portrait family's own options of ``talkloop train`` (``eval`` has none)."""
+    if command == "train":
+        group.add_argument("--steps", type=int, help="motion generator steps")
 
 
 def train(args: argparse.Namespace) -> int:
-    """``talkloop train --family portrait``: the motion generator on studio clips' parameters."""
-    from talkloop.pipeline.models.portrait.train import MotionTrainConfig, train_motion
-    from talkloop.pipeline.models.studio.recipe import PHASES
-
-    studio_only = ["data", "clips_per_character", "resume"] + [f"steps_{p}" for p in PHASES]
-    given = [f for f in studio_only if getattr(args, f) not in (None, False)]
-    if args.preset != "default":
-        given.append("preset")
-    if given:
-        flags = ", ".join("--" + f.replace("_", "-") for f in given)
-        raise ConfigError(
-            f"{flags}: studio-only option(s); --family portrait takes --steps, "
-            "--clips, --minutes, --seed"
-        )
+    """``talkloop train --family portrait``: the motion generator on synthetic clips' exact
+    motion parameters."""
     updates: dict[str, object] = {"seed": args.seed}
     for flag, value, low in (("steps", args.steps, 0), ("clips", args.clips, 1)):
         if value is not None:
@@ -40,13 +37,9 @@ def train(args: argparse.Namespace) -> int:
 
 
 def evaluate_cli(args: argparse.Namespace) -> int:
-    """``talkloop eval --family portrait``: the motion net's parameters against the studio's
+    """``talkloop eval --family portrait``: the motion net's parameters against the synthetic clips'
     exact ones on held-out clips (lip sync, prompts, seams, pauses)."""
-    from talkloop.pipeline.models.portrait.evaluate import evaluate_motion
-    from talkloop.pipeline.models.portrait.family import INSTALLED_WEIGHTS, installed_weights
 
-    if args.card:
-        raise ConfigError("--card is for the studio family")
     folder = args.weights or installed_weights()
     if folder is None:
         raise ConfigError(

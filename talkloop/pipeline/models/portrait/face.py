@@ -19,6 +19,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from talkloop.pipeline.console import native_stderr_muted
 from talkloop.pipeline.core.errors import InputError
 
 ASSETS = Path(__file__).parent / "assets"
@@ -82,8 +83,6 @@ class _Model:
         with self._lock:
             if self._interpreter is None:
                 from ai_edge_litert.interpreter import Interpreter
-
-                from talkloop.pipeline.console import native_stderr_muted
 
                 # LiteRT prints "INFO: Created TensorFlow Lite XNNPACK delegate for CPU." from
                 # C++ to fd 2 (no option or variable turns it off); other lines pass through.

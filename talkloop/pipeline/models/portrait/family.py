@@ -1,7 +1,8 @@
 """The portrait family: its root config, its three networks, how they load and the stages it runs.
 
-The family contract is in ``talkloop/pipeline/models/registry.py``. Networks: the studio's audio encoder
-(frozen, its weights copied into this family's folder), the packaged sentence encoder, and the
+The family contract is in ``talkloop/pipeline/models/registry.py``. Networks: the shared audio
+encoder (``models/shared``, frozen, its weights in this family's folder), the packaged sentence
+encoder, and the
 motion net (``a2v``: an A2V DiT over motion parameters). The photo itself is the rest: framed by
 ``load_reference``, warped by the renderer the init stage builds.
 """
@@ -12,18 +13,25 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import cv2
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import CheckpointError, ConfigError, InputError
+from talkloop.pipeline.core.graph import Phase
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.models.portrait import SPEC
+from talkloop.pipeline.models.portrait.framing import frame_portrait
 from talkloop.pipeline.models.portrait.motion import PortraitMotionConfig
+from talkloop.pipeline.models.portrait.stages import PortraitReferenceStage, PortraitRenderStage
+from talkloop.pipeline.models.registry import finish_modules, module_config, weights_folder
 from talkloop.pipeline.models.shared.a2v import A2VDiT
 from talkloop.pipeline.models.shared.audio_encoder import AudioEncoder, AudioEncoderConfig
 from talkloop.pipeline.models.shared.text_encoder import TextEncoder, TextEncoderConfig
+from talkloop.pipeline.stages.a2v import chunk_phases
+from talkloop.pipeline.stages.prompt import PromptStage
 
 if TYPE_CHECKING:
     from talkloop.pipeline.core.graph import Phase
@@ -40,15 +48,14 @@ LIVE_SAMPLER = dict(SPEC.live_sampler)
 
 
 # The family's networks are small (a motion token per frame) and its renderer is a few remaps a
-# frame: split over threads they gain little, and next to the video encoder on 2 cores the
-# threads' barrier waits made the motion net 10-20x slower. One thread computes; the encoder
-# (its own thread) has the other core.
+# frame: split over threads they gain little, and next to the video encoder on few cores the
+# threads' barrier waits made the motion net many times slower (docs/benchmarks.md, "Figures
+# behind code choices"). One thread computes; the encoder (its own thread) has the other cores.
 COMPUTE_THREADS = 1
 
 
 def use_compute_threads() -> None:
     """Give torch and OpenCV ``COMPUTE_THREADS`` threads in this process."""
-    import cv2
 
     torch.set_num_threads(COMPUTE_THREADS)
     cv2.setNumThreads(COMPUTE_THREADS)
@@ -96,7 +103,6 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
 
     Also sets this process to one compute thread for torch and OpenCV (``COMPUTE_THREADS``).
     """
-    from talkloop.pipeline.models.registry import finish_modules, weights_folder
 
     use_compute_threads()
     m = config.model
@@ -127,7 +133,6 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
 
 def _config_from_folder(folder: Path) -> PortraitConfig:
     """The family config a weights folder was saved with (one JSON per module)."""
-    from talkloop.pipeline.models.registry import module_config
 
     parts = {field: module_config(folder, name) for name, field in PORTRAIT_MODULES.items()}
     try:
@@ -152,18 +157,13 @@ def load_reference(
     """Frame a portrait (a path, an array, or None for the default portrait) to ``(height,
     width, 3)`` uint8: head and shoulders, the face ~40-45 % of the height. Arrays are framed
     too. Photos without a usable face raise InputError."""
-    from talkloop.pipeline.models.portrait.framing import frame_portrait
 
     return frame_portrait(default_reference() if source is None else source, width, height).image
 
 
 def phases(config: TalkloopConfig) -> dict[str, Phase]:
-    """The portrait pipeline: the studio's audio features and N/I chunk stages drive the motion
+    """The portrait pipeline: the shared audio features and N/I chunk stages drive the motion
     net; the photo is prepared once and warped per frame."""
-    from talkloop.pipeline.core.graph import Phase
-    from talkloop.pipeline.models.portrait.stages import PortraitReferenceStage, PortraitRenderStage
-    from talkloop.pipeline.stages.a2v import chunk_phases
-    from talkloop.pipeline.stages.prompt import PromptStage
 
     return {
         "init": Phase(

@@ -1,10 +1,10 @@
-"""The portrait family's motion generator: the studio A2V DiT over per-frame motion parameters.
+"""The portrait family's motion generator: the shared A2V DiT over per-frame motion parameters.
 
 One token per frame: a chunk's "latents" are ``(F, 16, 1, 1)`` *normalised* motion parameters
 (``talkloop.pipeline.models.portrait.params.FRAME_FIELDS`` order and units, then ``(x - mean) / std`` per field),
-so :class:`~talkloop.pipeline.models.shared.a2v.A2VDiT` with ``patch=1`` and the studio's
-``euler_sample`` / ``flow_matching_loss`` run unchanged, and the N/I chunk stages of the studio
-family drive it as they drive the studio A2V. The per-field statistics were measured on the
+so :class:`~talkloop.pipeline.models.shared.a2v.A2VDiT` with ``patch=1`` and the shared
+``euler_sample`` / ``flow_matching_loss`` run unchanged, and the shared N/I chunk stages
+drive it as they drive any family's A2V. The per-field statistics were measured on the
 training clips and travel in the module's config JSON, so a weights folder is self-describing.
 """
 
@@ -17,6 +17,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
+from talkloop.pipeline.core.errors import CheckpointError
 from talkloop.pipeline.core.module import Module, build_module
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.shared.a2v import A2VConfig, A2VDiT
@@ -133,7 +134,6 @@ def build_motion(config: PortraitMotionConfig, folder: Path | None = None) -> Mo
 
 def load_motion_config(folder: Path) -> PortraitMotionConfig:
     """The config a weights folder was saved with (``a2v.json``)."""
-    from talkloop.pipeline.core.errors import CheckpointError
 
     path = Path(folder) / f"{MODULE_NAME}.json"
     if not path.is_file():

@@ -1,6 +1,6 @@
 """The portrait family's own stages: the photo prepared for warping, and parameters -> frames.
 
-The chunk stages between them are the studio's (audio features, N/I context, the A2V sampler):
+The chunk stages between them are the shared ones (audio features, N/I context, the A2V sampler):
 the motion net is an A2V DiT over one 16-channel token per frame (``motion.py``).
 """
 
@@ -11,7 +11,9 @@ import numpy as np
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.stage import Stage, StageContext
 from talkloop.pipeline.models.portrait.blinks import blink_track
+from talkloop.pipeline.models.portrait.face import detect_faces, face_landmarks, person_mask
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
+from talkloop.pipeline.models.portrait.render import PortraitRenderer
 
 BLINK = FRAME_FIELDS.index("blink")
 
@@ -26,8 +28,6 @@ class PortraitReferenceStage(Stage):
     needs = ("a2v",)
 
     def run(self, ctx: StageContext) -> None:
-        from talkloop.pipeline.models.portrait.face import detect_faces, face_landmarks, person_mask
-        from talkloop.pipeline.models.portrait.render import PortraitRenderer
 
         image = ctx.read("reference_image")  # (H, W, 3) uint8, framed by load_reference
         faces = detect_faces(image)

@@ -1,12 +1,12 @@
 """Training of the portrait motion generator (``talkloop train --family portrait``).
 
-Data: studio clips without pixels (``make_clip(..., render=False)``): their audio (train split:
-with its augmentation) becomes per-frame features through the shipped studio audio encoder,
+Data: synthetic clips without pixels (``make_clip(..., render=False)``): their audio (train split:
+with its augmentation) becomes per-frame features through the shipped (frozen) audio encoder,
 frozen, exactly as ``AudioFeatureStage`` computes them at inference; their parameters are the
 exact per-frame ground truth; their style is described by several training prompts (MiniLM).
 These arrays are cached in one ``.npz`` so a rerun skips espeak.
 
-Recipe: rectified flow on normalised parameters with the three mask patterns of the studio A2V
+Recipe: rectified flow on normalised parameters with the three mask patterns of the A2V
 (first chunk, continuation after 1..ctx given frames, I chunk between two anchors), audio and
 text dropout for the null embeddings, light noise on given frames, a per-field loss weight that
 puts the mouth first, AdamW with warm-up and cosine decay, an EMA of the weights (exported).
@@ -15,7 +15,6 @@ puts the mouth first, AdamW with warm-up and cosine decay, an EMA of the weights
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -24,34 +23,40 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from torch import Tensor
 
 from talkloop.pipeline.console import progress_bar
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.portrait import SPEC
 from talkloop.pipeline.models.portrait.motion import MODULE_NAME, PortraitMotionConfig, build_motion
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
-from talkloop.pipeline.models.shared.audio_encoder import AudioEncoder, AudioEncoderConfig
-from talkloop.pipeline.models.shared.sampling import flow_matching_loss
+from talkloop.pipeline.models.shared.audio_encoder import (
+    AudioEncoder,
+    AudioEncoderConfig,
+    audio_windows,
+)
+from talkloop.pipeline.models.shared.sampling import MaskRecipe, flow_matching_loss
 from talkloop.pipeline.models.shared.text_encoder import TextEncoder, TextEncoderConfig
-from talkloop.pipeline.models.studio.data import audio_windows
 from talkloop.pipeline.synth.dataset import make_clip
 from talkloop.pipeline.synth.style import describe
+from talkloop.pipeline.train.schedule import warmup_cosine
 
-STUDIO_WEIGHTS = Path(__file__).parents[1] / "studio" / "weights"
-# Frozen modules the portrait folder carries along (copied from the studio weights).
+# Frozen modules the portrait folder carries along: the shared audio and text encoders, taken
+# from the installed portrait weights (they are the encoders every family ships).
+FROZEN_FROM = SPEC.weights
 FROZEN_MODULES = ("audio_encoder", "text_encoder")
 DATA_FORMAT = 1
 
 
-class MotionTrainConfig(BaseModel):
+class MotionTrainConfig(MaskRecipe):
     """The recipe of the motion generator (network sizes in ``model``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: PortraitMotionConfig = PortraitMotionConfig()
-    clips: int = Field(3000, ge=1, description="training clips (studio train split)")
+    clips: int = Field(3000, ge=1, description="training clips (synthetic train split)")
     val_clips: int = Field(48, ge=0, description="validation clips for the logged val loss")
     seed: int = Field(0, ge=0)
     steps: int = Field(16000, ge=0, le=10_000_000)
@@ -63,13 +68,6 @@ class MotionTrainConfig(BaseModel):
     weight_decay: float = Field(0.01, ge=0.0)
     clip_grad: float = Field(1.0, gt=0.0)
     ema: float = Field(0.999, ge=0.0, lt=1.0, description="EMA decay of the exported weights")
-    # Mask patterns (docs/architecture.md), as the studio A2V trains them.
-    p_first: float = Field(0.2, ge=0.0, le=1.0, description="share of N0 steps (no given frames)")
-    p_interp: float = Field(0.3, ge=0.0, le=1.0, description="share of I-chunk steps")
-    max_ctx: int = Field(2, ge=1, le=16, description="most motion-context frames")
-    max_gen: int = Field(24, ge=2, le=256, description="most generated frames of an N step")
-    max_interior: int = Field(4, ge=1, le=64, description="most interior frames of an I step")
-    given_noise_max: float = Field(0.05, ge=0.0, le=0.5)
     audio_drop: float = Field(0.1, ge=0.0, le=1.0)
     text_drop: float = Field(0.15, ge=0.0, le=1.0)
     prompt_variants: int = Field(8, ge=1, le=64, description="training prompts per clip")
@@ -157,8 +155,8 @@ class MotionData:
         return np.diff(self.starts)
 
 
-def load_audio_encoder(folder: Path = STUDIO_WEIGHTS) -> AudioEncoder:
-    """The shipped studio audio encoder, frozen."""
+def load_audio_encoder(folder: Path = FROZEN_FROM) -> AudioEncoder:
+    """The shipped audio encoder, frozen."""
     cfg = AudioEncoderConfig.model_validate_json((folder / "audio_encoder.json").read_text())
     module = Module("audio_encoder", cfg, AudioEncoder(cfg))
     module.load(folder)
@@ -378,19 +376,6 @@ def batch_loss(
     )
 
 
-def lr_at(step: int, cfg: MotionTrainConfig, total: int, time_frac: float = 0.0) -> float:
-    """Linear warm-up (at most a tenth of the run), then cosine decay to ``lr * final_frac``.
-
-    ``time_frac`` (the share of a ``minutes`` budget used) moves the decay along when the clock,
-    not the step count, will end the run, so a budgeted run still ends at the low rate.
-    """
-    warmup = min(cfg.warmup, total // 10)
-    if step < warmup:
-        return cfg.lr * (step + 1) / warmup
-    frac = min(1.0, max((step - warmup) / max(1, total - warmup), time_frac))
-    return cfg.lr * (cfg.final_frac + (1 - cfg.final_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
 @torch.no_grad()
 def validation_loss(
     net: torch.nn.Module, data: MotionData, cfg: MotionTrainConfig, batches: int = 12
@@ -485,7 +470,9 @@ class MotionTrainer:
             if used >= 1.0:
                 break
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, cfg, cfg.steps, used)
+                group["lr"] = warmup_cosine(
+                    step, cfg.steps, cfg.lr, cfg.warmup, cfg.final_frac, used
+                )
             batch = sample_batch(train, cfg, g, model_cfg)
             loss = batch_loss(net, batch, cfg, g)
             opt.zero_grad(set_to_none=True)
@@ -528,7 +515,7 @@ class MotionTrainer:
         Module(MODULE_NAME, model_cfg, ema).save(self.out, dtype=torch.float16)
         for name in FROZEN_MODULES:
             for suffix in (".safetensors", ".json"):
-                shutil.copyfile(STUDIO_WEIGHTS / f"{name}{suffix}", self.out / f"{name}{suffix}")
+                shutil.copyfile(FROZEN_FROM / f"{name}{suffix}", self.out / f"{name}{suffix}")
         summary = {
             "recipe": cfg.model_dump(mode="json"),
             "clips_used": train.num_clips,

@@ -7,10 +7,13 @@ Three steps, split so the caller owns the only state (the normalisation statisti
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
+
+from talkloop.pipeline.core.clock import frame_start_sample
 
 
 class AudioEncoderConfig(BaseModel):
@@ -188,3 +191,21 @@ class AudioEncoder(nn.Module):
 
 
 __all__ = ["AudioEncoderConfig", "AudioEncoder", "mel_filterbank"]
+
+
+def audio_windows(
+    audio: np.ndarray, frames: int, fps: int, sample_rate: int, window: int, lookahead: int
+) -> Tensor:
+    """(T, window) raw windows, frame j's ending ``lookahead`` samples after its interval.
+
+    Exactly what ``Session._windows`` feeds the audio encoder: zeros outside the audio.
+    """
+    ends = np.array(
+        [frame_start_sample(j + 1, fps, sample_rate) + lookahead for j in range(frames)]
+    )
+    pad_left = window
+    padded = np.concatenate(
+        [np.zeros(pad_left, np.float32), audio, np.zeros(lookahead + window, np.float32)]
+    )
+    idx = (ends - window + pad_left)[:, None] + np.arange(window)[None]
+    return torch.from_numpy(padded[idx])  # (T, window)

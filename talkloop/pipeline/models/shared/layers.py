@@ -1,4 +1,4 @@
-"""Building blocks shared by the studio networks: sinusoidal embeddings, patchify, attention, MLP.
+"""Building blocks of the networks (``talkloop/pipeline/models/*/``): sinusoidal embeddings, patchify, attention, MLP.
 
 Nothing here keeps state between calls; position tables are recomputed per call (they are tiny)
 so any grid size and any frame position works without a cache to invalidate.

@@ -7,6 +7,7 @@ Convention: ``x_t = (1 - t) x0 + t eps``, velocity ``v = eps - x0``, t = 1 is no
 from __future__ import annotations
 
 import torch
+from pydantic import BaseModel, Field
 from torch import Tensor
 
 from talkloop.pipeline.models.shared.a2v import A2VDiT
@@ -153,3 +154,15 @@ def flow_matching_loss(
         err = (sq * w).sum(dim=(2, 3, 4)) / w.sum(dim=(2, 3, 4)).clamp_min(1e-8)
     gen = (~given_mask).float()
     return (err * gen).sum() / gen.sum().clamp_min(1.0)
+
+
+class MaskRecipe(BaseModel):
+    """How an A2V trainer draws its mask patterns (docs/architecture.md): first chunks with no
+    given frames, N chunks after a motion context, I chunks between two anchors."""
+
+    p_first: float = Field(0.2, ge=0.0, le=1.0, description="share of N0 steps (no given frames)")
+    p_interp: float = Field(0.3, ge=0.0, le=1.0, description="share of I-chunk steps")
+    max_ctx: int = Field(2, ge=1, le=16, description="most motion-context frames")
+    max_gen: int = Field(24, ge=2, le=256, description="most generated frames of an N step")
+    max_interior: int = Field(4, ge=1, le=64, description="most interior frames of an I step")
+    given_noise_max: float = Field(0.05, ge=0.0, le=0.5)

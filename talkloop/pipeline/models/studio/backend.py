@@ -9,6 +9,8 @@ audio (training, guidance), it runs in torch.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,13 +20,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from talkloop.pipeline.backends.cache import weights_hash
 from talkloop.pipeline.backends.export import RECIPE
 from talkloop.pipeline.backends.graph import GraphForward, Shapes
 from talkloop.pipeline.backends.quantize import quantize_int8
 from talkloop.pipeline.backends.runtime import Runner, graph_threads
+from talkloop.pipeline.backends.select import resolve_backend, schedule_key
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.models.shared.a2v import A2VDiT
+from talkloop.pipeline.models.studio.stages import micro_batch
 from talkloop.pipeline.models.studio.vae import Decoder, StudioVAE
+from talkloop.pipeline.synth.dataset import make_clip
+from talkloop.pipeline.synth.renderer import Renderer
 
 # Part of the int8 decoder's cache key: bump when the calibration set, the recipe or
 # DecoderGraph changes.
@@ -100,8 +107,6 @@ def _weights_dtype(net: nn.Module) -> torch.dtype:
 def _calibration_latents(vae: StudioVAE, width: int, height: int) -> tuple[Tensor, ...]:
     """Per calibration clip, (CALIBRATION_FRAMES, C, h, w) VAE latents of its frames rendered
     at ``width`` x ``height``."""
-    from talkloop.pipeline.synth.dataset import make_clip
-    from talkloop.pipeline.synth.renderer import Renderer
 
     out = []
     for index in CALIBRATION_CLIPS:
@@ -144,7 +149,6 @@ def attach_backend(nets: dict[str, nn.Module], backend: str) -> None:
 def warm_up(nets: dict[str, nn.Module], config: TalkloopConfig) -> None:
     """Export, quantise and compile every graph ``config``'s sessions run, now rather than in
     a session's first chunks (a first use costs seconds; the files are cached on disk)."""
-    from talkloop.pipeline.models.studio.stages import micro_batch
 
     vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
     a2v: A2VDiT = nets["a2v"]  # type: ignore[assignment]
@@ -168,10 +172,6 @@ def _probes(nets: dict[str, nn.Module], config: TalkloopConfig, dtype: str):
     for one N chunk of ``config``'s schedule (the graphs :func:`warm_up` compiles) on fixed
     inputs: the sampler's A2V steps, SR and the mouth net over the chunk's frames, and the
     decoder over them in its micro-batches."""
-    import contextlib
-    import copy
-
-    from talkloop.pipeline.models.studio.stages import micro_batch
 
     autocast_bf16 = dtype == "bfloat16"
     g = torch.Generator().manual_seed(0)
@@ -253,8 +253,8 @@ def _mouth_forward(mouth: nn.Module, backend: str) -> GraphForward:
 class DecoderGraph(nn.Module):
     """The decoder as it is exported: the same function, laid out for a CPU graph runtime.
 
-    ONNX Runtime's DepthToSpace (what ``pixel_shuffle`` exports to) moved about 6 ns an element
-    here: the two of them took a fifth of an int8 decoder call (9-11 of 43-65 ms). So:
+    ONNX Runtime's DepthToSpace (what ``pixel_shuffle`` exports to) is slow: the two of them took
+    a large share of an int8 decoder call (docs/benchmarks.md, "Figures behind code choices"). So:
 
     - the 1x1 conv + pixel shuffle x2 is the stride-2 2x2 transposed conv it equals, plus the
       1x1 conv's bias per channel and position in the 2x2 cell;
@@ -348,8 +348,6 @@ def use_backend(
     Returns:
         The backend the hot networks now run on.
     """
-    from talkloop.pipeline.backends.cache import weights_hash
-    from talkloop.pipeline.backends.select import resolve_backend, schedule_key
 
     weights = ",".join(weights_hash(nets[n]) for n in ("vae", "a2v", "sr", "mouth"))
     # The exported graphs' recipes are part of it: a new one may rank the backends differently.
@@ -368,8 +366,7 @@ def use_backend(
         warm_up(nets, config)
         # What stays in torch is glue (the audio encoder, sampler arithmetic, frame conversion):
         # one thread. With torch's OpenMP pool on the same cores as the graphs' pool, each
-        # waited on threads the other held (its workers spin after every parallel op): live
-        # chunks took 12-20 % longer (rtf 0.61 / 0.70 against 0.54 / 0.52 with one thread,
-        # the live schedule rendered offline on the 2-core AVX2 CPU).
+        # waited on threads the other held (its workers spin after every parallel op) and live
+        # chunks took longer (docs/benchmarks.md, "Figures behind code choices").
         torch.set_num_threads(1)
     return backend

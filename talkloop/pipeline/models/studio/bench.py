@@ -15,6 +15,10 @@ import time
 
 import torch
 
+from talkloop.pipeline.backends.runtime import graph_threads, set_graph_threads
+from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.models.registry import load_modules
+
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
@@ -22,14 +26,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=int, default=10)
     p.add_argument("--backends", default="torch,onnxruntime,openvino")
     args = p.parse_args(argv)
-    from talkloop.pipeline.backends.runtime import graph_threads, set_graph_threads
 
     if args.threads:
         torch.set_num_threads(args.threads)
         set_graph_threads(args.threads)
     threads = graph_threads()
-    from talkloop.pipeline.core.config import build_config
-    from talkloop.pipeline.models.registry import load_modules
 
     nets = {}
     for b in args.backends.split(","):

@@ -5,16 +5,51 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from talkloop.pipeline.args import config_from_args
 from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.models.studio.card import write_model_card
+from talkloop.pipeline.models.studio.evaluate import evaluate
+from talkloop.pipeline.models.studio.recipe import PHASES, TrainConfig
+from talkloop.pipeline.models.studio.train import train as train_networks
+
+
+def add_args(command: str, group) -> None:
+    """The studio family's own options of ``talkloop train`` and ``talkloop eval``."""
+    if command == "eval":
+        group.add_argument(
+            "--card",
+            action="store_true",
+            help="also write MODEL_CARD.md and eval.json into the weights folder",
+        )
+        return
+    group.add_argument(
+        "--preset", choices=["default", "tiny"], default="default", help="training recipe"
+    )
+    group.add_argument("--data", type=Path, help="synth clips (index.jsonl); default: generate")
+    group.add_argument(
+        "--clips-per-character",
+        type=int,
+        help="generated clips per character (default 4: each face shows several styles)",
+    )
+    for phase in PHASES:
+        help_ = f"{PHASE_HELP[phase]} steps (recipe default)"
+        group.add_argument(f"--steps-{phase}", type=int, help=help_)
+    group.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+
+
+PHASE_HELP = {
+    "vae": "VAE",
+    "decoder": "VAE decoder (on the frozen encoder's latents)",
+    "a2v": "audio encoder + A2V",
+    "sr": "SR",
+    "readout": "readout (eval)",
+    "expression": "expression (prompt -> reference)",
+    "mouth": "mouth (audio -> mouth shape, editor)",
+}
 
 
 def train(args: argparse.Namespace) -> int:
     """``talkloop train --family studio``: every network on rendered clips."""
-    from talkloop.pipeline.models.studio.recipe import PHASES, TrainConfig
-    from talkloop.pipeline.models.studio.train import train
-
-    if args.steps is not None:
-        raise ConfigError("--steps is not a studio option; studio phases take --steps-<phase>")
     if args.data is not None:
         given = [f for f in ("clips", "clips_per_character") if getattr(args, f) is not None]
         if given:
@@ -46,15 +81,13 @@ def train(args: argparse.Namespace) -> int:
     cfg = TrainConfig.model_validate({**cfg.model_dump(), **updates})
     if args.data is not None and not (args.data / "index.jsonl").is_file():
         raise ConfigError(f"--data {args.data} has no index.jsonl (see `talkloop synth dataset`)")
-    out = train(cfg, args.out, args.data, resume=args.resume, progress=not args.quiet)
+    out = train_networks(cfg, args.out, args.data, resume=args.resume, progress=not args.quiet)
     print(f"wrote weights to {out} (use: talkloop render --weights {out} ...)")
     return 0
 
 
 def evaluate_cli(args: argparse.Namespace) -> int:
     """``talkloop eval --family studio``: lip sync, seams and drift on held-out studio clips."""
-    from talkloop.pipeline.args import config_from_args
-    from talkloop.pipeline.models.studio.evaluate import evaluate
 
     config = config_from_args(args)
     result = evaluate(
@@ -64,8 +97,6 @@ def evaluate_cli(args: argparse.Namespace) -> int:
     print("  ".join(f"{k}={result[k]:.3g}" for k in keys if result.get(k) is not None))
     print(f"wrote {args.out / 'eval.json'} and {args.out / 'eval.png'}")
     if args.card:
-        from talkloop.pipeline.models.studio.card import write_model_card
-
         if result["weights"] is None:
             raise ConfigError("--card needs trained weights (--weights DIR or installed ones)")
         print(f"wrote {write_model_card(Path(str(result['weights'])), result)}")

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from talkloop.pipeline.core.clock import frame_start_sample
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.models.portrait.params import FrameParams
+from talkloop.pipeline.models.shared.audio_encoder import audio_windows
 from talkloop.pipeline.models.studio.mouth import MOUTH_FIELDS
 from talkloop.pipeline.synth.character import Character, sample_character
 from talkloop.pipeline.synth.dataset import (
@@ -73,8 +73,9 @@ def ensure_dataset(
 
     ``characters`` limits the clips to the split's first N characters (see ``make_clip``).
 
-    Clip generation is CPU-bound Python + espeak (~1.4 s a 165-frame clip per core), so it runs
-    in ``workers`` processes; the index is written last, so a half-written folder is redone.
+    Clip generation is CPU-bound Python + espeak (docs/benchmarks.md, "Figures behind code
+    choices"), so it runs in ``workers`` processes; the index is written last, so a half-written
+    folder is redone.
     The parameters go to ``dataset.json``: a finished folder made with other ones is refused
     rather than trained on (e.g. a resumed run whose character pool changed).
     """
@@ -108,24 +109,6 @@ def ensure_dataset(
     made_with.write_text(json.dumps(params) + "\n")
     index.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
-
-
-def audio_windows(
-    audio: np.ndarray, frames: int, fps: int, sample_rate: int, window: int, lookahead: int
-) -> Tensor:
-    """(T, window) raw windows, frame j's ending ``lookahead`` samples after its interval.
-
-    Exactly what ``Session._windows`` feeds the audio encoder: zeros outside the audio.
-    """
-    ends = np.array(
-        [frame_start_sample(j + 1, fps, sample_rate) + lookahead for j in range(frames)]
-    )
-    pad_left = window
-    padded = np.concatenate(
-        [np.zeros(pad_left, np.float32), audio, np.zeros(lookahead + window, np.float32)]
-    )
-    idx = (ends - window + pad_left)[:, None] + np.arange(window)[None]
-    return torch.from_numpy(padded[idx])  # (T, window)
 
 
 def neutral_boxes(character: Character, size: int) -> tuple[np.ndarray, np.ndarray]:

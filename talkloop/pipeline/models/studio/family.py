@@ -1,7 +1,8 @@
 """The studio family: its root config, its seven networks, how they load and the stages they run.
 
 The family contract (``talkloop/pipeline/models/registry.py``): ``load_modules``, ``phases``,
-``load_reference``, ``installed_weights`` and ``NATIVE_SIZES``.
+``load_reference`` and ``installed_weights``; its sizes, schedules and weights folder are the
+spec's (``SPEC`` in ``__init__.py``).
 """
 
 from __future__ import annotations
@@ -13,19 +14,34 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
 from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.pipeline.core.errors import CheckpointError, InputError
+from talkloop.pipeline.core.graph import Phase
 from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.registry import finish_modules, module_config, weights_folder
 from talkloop.pipeline.models.shared.a2v import A2VConfig, A2VDiT
 from talkloop.pipeline.models.shared.audio_encoder import AudioEncoder, AudioEncoderConfig
 from talkloop.pipeline.models.shared.text_encoder import TextEncoder, TextEncoderConfig
 from talkloop.pipeline.models.studio import SPEC
+from talkloop.pipeline.models.studio.backend import exported_nets, use_backend
 from talkloop.pipeline.models.studio.expression import ExpressionConfig, ExpressionNet
 from talkloop.pipeline.models.studio.mouth import MouthConfig, MouthNet
 from talkloop.pipeline.models.studio.sr import SRConfig, SRDiT
+from talkloop.pipeline.models.studio.stages import (
+    DecodeStage,
+    ExpressionStage,
+    MouthStage,
+    ReferenceStage,
+    SRStage,
+)
 from talkloop.pipeline.models.studio.vae import StudioVAE, VAEConfig
+from talkloop.pipeline.reference import fit_array
+from talkloop.pipeline.reference import load_reference as load_fitted
+from talkloop.pipeline.stages.a2v import chunk_phases
+from talkloop.pipeline.stages.prompt import PromptStage
 
 if TYPE_CHECKING:
     from talkloop.pipeline.core.graph import Phase
@@ -71,7 +87,8 @@ class StudioConfig(BaseModel):
 
     @classmethod
     def default(cls) -> StudioConfig:
-        """Sized for faster than real time at 256x256, 25 fps on a 2-core CPU in bf16."""
+        """Sized for faster than real time at 256x256, 25 fps on a small CPU computing bf16
+        (docs/benchmarks.md, "Figures behind code choices")."""
         return cls()
 
     @classmethod
@@ -171,7 +188,6 @@ def installed_weights() -> Path | None:
 
 def load_modules(config: TalkloopConfig) -> dict[str, Module]:
     """Build the family's modules; load trained weights unless ``model.untrained`` is set."""
-    from talkloop.pipeline.models.registry import finish_modules, weights_folder
 
     m = config.model
     folder = weights_folder(m, "studio", installed_weights(), INSTALLED_WEIGHTS / "a2v.safetensors")
@@ -179,7 +195,8 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
     with torch.random.fork_rng():
         torch.manual_seed(INIT_SEED)
         nets = build_networks(family)
-    # Conv-heavy decoder: channels_last is ~2x faster on CPU (oneDNN); inputs are converted inside.
+    # Conv-heavy decoder: channels_last is faster on CPU (oneDNN; docs/benchmarks.md, "Figures
+    # behind code choices"); inputs are converted inside.
     nets["vae"] = nets["vae"].to(memory_format=torch.channels_last)
     modules: dict[str, Module] = {}
     for name, field in STUDIO_MODULES.items():
@@ -195,7 +212,6 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
         elif folder is not None and module.state_dict():
             module.load(folder)
         modules[name] = module
-    from talkloop.pipeline.models.studio.backend import exported_nets, use_backend
 
     # An exported backend's graphs are made from these float32 weights, whatever dtype torch
     # then computes in (cast to bf16 and back they would have lost their low bits).
@@ -217,10 +233,6 @@ def _has_module(folder: Path, name: str) -> bool:
 
 def _family_from_folder(folder: Path):
     """The family config a checkpoint folder was saved with (one JSON per module)."""
-    from pydantic import ValidationError
-
-    from talkloop.pipeline.core.errors import CheckpointError
-    from talkloop.pipeline.models.registry import module_config
 
     parts = {}
     for name, field in STUDIO_MODULES.items():
@@ -252,7 +264,6 @@ NATIVE_SIZES = SPEC.native_sizes
 
 def default_reference() -> Path:
     """The path of the bundled default avatar image."""
-    from talkloop.pipeline.core.errors import InputError
 
     if not DEFAULT_REFERENCE.is_file():
         raise InputError(
@@ -267,8 +278,6 @@ def load_reference(
 ) -> np.ndarray:
     """The reference as a session takes it: ``(height, width, 3)`` uint8, centre-cropped and
     resized (an array of exactly that shape is taken as it is). None: the default avatar."""
-    from talkloop.pipeline.reference import fit_array
-    from talkloop.pipeline.reference import load_reference as load_fitted
 
     if isinstance(source, np.ndarray):
         return fit_array(source, width, height)
@@ -277,16 +286,6 @@ def load_reference(
 
 def phases(config: TalkloopConfig) -> dict[str, Phase]:
     """The studio pipeline: VAE latents through A2V, SR and the mouth net to the decoder."""
-    from talkloop.pipeline.core.graph import Phase
-    from talkloop.pipeline.models.studio.stages import (
-        DecodeStage,
-        ExpressionStage,
-        MouthStage,
-        ReferenceStage,
-        SRStage,
-    )
-    from talkloop.pipeline.stages.a2v import chunk_phases
-    from talkloop.pipeline.stages.prompt import PromptStage
 
     return {
         "init": Phase(

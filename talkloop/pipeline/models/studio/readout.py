@@ -11,6 +11,7 @@ motion keeps the mouth inside; the network learns to find the mouth within it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -95,8 +96,6 @@ def load_readout(folder: Path | None) -> tuple[Readout, bool]:
     """The readout saved in ``folder``, or a seeded random one; returns ``(net, trained)``."""
     cfg = ReadoutConfig()
     if folder is not None and (folder / "readout.safetensors").is_file():
-        import json
-
         cfg = ReadoutConfig.model_validate(json.loads((folder / "readout.json").read_text()))
         with torch.random.fork_rng():
             torch.manual_seed(0)

@@ -1,7 +1,8 @@
 """Training recipe: steps, batch sizes and learning rates of every phase (one pydantic model).
 
-The default recipe is sized from step times measured on the 2-core CPU (bf16 autocast) so the
-whole run, data generation included, takes about 3 hours; ``tiny`` is the smoke-test recipe.
+The default recipe is sized from measured step times so that the whole run, data generation
+included, takes a few hours on a small CPU (docs/benchmarks.md, "Figures behind code choices");
+``tiny`` is the smoke-test recipe.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from talkloop.pipeline.models.shared.sampling import MaskRecipe
 
 PHASES = ("vae", "decoder", "a2v", "sr", "readout", "expression", "mouth")
 
@@ -27,7 +30,7 @@ class PhaseConfig(BaseModel):
     clip_grad: float = Field(1.0, gt=0.0)
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(MaskRecipe):
     """Everything ``talkloop train`` needs besides the network sizes (``StudioConfig``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -61,13 +64,7 @@ class TrainConfig(BaseModel):
     vae_crop: int = Field(128, ge=32, le=1024, description="VAE trains on crops this wide")
     kl_weight: float = Field(1e-5, ge=0.0, description="KL per latent element vs mean L1")
     grad_weight: float = Field(0.5, ge=0.0, description="image-gradient L1 vs pixel L1")
-    # A2V: mask patterns (docs/architecture.md) and conditioning dropout.
-    p_first: float = Field(0.2, ge=0.0, le=1.0, description="share of N0 steps (no given frames)")
-    p_interp: float = Field(0.3, ge=0.0, le=1.0, description="share of I-chunk steps")
-    max_ctx: int = Field(2, ge=1, le=16, description="most motion-context frames")
-    max_gen: int = Field(24, ge=2, le=256, description="most generated frames of an N step")
-    max_interior: int = Field(4, ge=1, le=64, description="most interior frames of an I step")
-    given_noise_max: float = Field(0.05, ge=0.0, le=0.5)
+    # A2V: conditioning dropout (its mask patterns: MaskRecipe).
     audio_drop: float = Field(0.15, ge=0.0, le=1.0)
     text_drop: float = Field(0.2, ge=0.0, le=1.0)
     # Readout: its own renders, smile drawn per frame (``readout_renders``).

@@ -34,11 +34,14 @@ from pydantic import ValidationError
 from torch import Tensor
 
 from talkloop.pipeline.core.errors import ConfigError
-from talkloop.pipeline.models.studio.data import to_images
+from talkloop.pipeline.core.module import Module
+from talkloop.pipeline.models.registry import module_config
+from talkloop.pipeline.models.studio.data import clip_paths, ensure_dataset, to_images
 from talkloop.pipeline.models.studio.recipe import PhaseConfig
-from talkloop.pipeline.models.studio.train import lr_at, reconstruction_terms
+from talkloop.pipeline.models.studio.train import reconstruction_terms
 from talkloop.pipeline.models.studio.vae import Decoder, StudioVAE, VAEConfig
 from talkloop.pipeline.synth.dataset import load_clip, region_weights
+from talkloop.pipeline.train.schedule import warmup_cosine
 
 
 @dataclass
@@ -198,13 +201,13 @@ def distil(
     on_step: Callable[[int, float], None] | None = None,
 ) -> None:
     """Train ``student`` to reproduce ``data.teacher`` for ``phase.steps`` steps of
-    ``phase.batch`` frames (AdamW, the trainer's schedule: ``lr_at``)."""
+    ``phase.batch`` frames (AdamW, the trainer's schedule: ``warmup_cosine``)."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(student.parameters(), lr=phase.lr, weight_decay=phase.weight_decay)
     student.train()
     for step in range(phase.steps):
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, phase, phase.steps)
+            group["lr"] = warmup_cosine(step, phase.steps, phase.lr, phase.warmup, phase.final_frac)
         i = torch.randint(data.x.shape[0], (phase.batch,), generator=g)
         rec = student(data.x[i].contiguous(memory_format=torch.channels_last))
         target, w = data.teacher[i].float(), data.weights[i][:, None].float()
@@ -245,10 +248,6 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.minutes <= 0:
         raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
-
-    from talkloop.pipeline.core.module import Module
-    from talkloop.pipeline.models.registry import module_config
-    from talkloop.pipeline.models.studio.data import clip_paths, ensure_dataset
 
     vcfg = VAEConfig.model_validate(module_config(args.weights, "vae"))
     widths = dict(zip(("dec_latent_channels", "dec_channels"), args.channels, strict=True))

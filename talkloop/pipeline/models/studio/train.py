@@ -52,6 +52,7 @@ from talkloop.pipeline.models.studio.readout import (
 )
 from talkloop.pipeline.models.studio.recipe import PHASES, PhaseConfig, TrainConfig
 from talkloop.pipeline.synth.style import describe
+from talkloop.pipeline.train.schedule import warmup_cosine
 
 CHECKPOINT = "checkpoint.pt"
 LATENT_CACHE = "latents.safetensors"
@@ -67,19 +68,6 @@ BUDGET_SHARE = {
 }
 TRAINED = ("vae", "audio_encoder", "a2v", "sr", "expression", "mouth")
 PROMPT_VARIANTS = 8  # prompts per clip the A2V phase draws from (see _text_embeddings)
-
-
-def lr_at(step: int, pc: PhaseConfig, total: int) -> float:
-    """Linear warm-up, then cosine decay from ``lr`` to ``lr * final_frac`` at ``total``.
-
-    Warm-up is at most a tenth of the run, so short (budgeted) runs still reach the peak rate.
-    """
-    warmup = min(pc.warmup, total // 10)
-    if step < warmup:
-        return pc.lr * (step + 1) / warmup
-    span = max(1, total - warmup)
-    frac = min(1.0, (step - warmup) / span)
-    return pc.lr * (pc.final_frac + (1 - pc.final_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def reconstruction_terms(rec: Tensor, target: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
@@ -236,7 +224,7 @@ class Trainer:
         ema: float | None = None
         while step < total:
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, pc, total)
+                group["lr"] = warmup_cosine(step, total, pc.lr, pc.warmup, pc.final_frac)
             t0 = time.perf_counter()
             loss, extra = step_fn()
             opt.zero_grad(set_to_none=True)
@@ -451,7 +439,7 @@ class Trainer:
         renders = readout_renders(cfg.readout_clips, cfg.readout_frames_per_clip, side, cfg.seed)
         for frames, target, crop in renders:
             x = to_images(torch.from_numpy(frames))  # (F, 3, H, W)
-            rec, _ = vae.decode(vae.encode(x))  # fp32: bf16 convs are ~10x slower at inference
+            rec, _ = vae.decode(vae.encode(x))  # fp32: bf16 convs are slower (docs/benchmarks.md)
             for im in (x, rec.float()):
                 box = torch.from_numpy(crop)[None].expand(im.shape[0], -1).clone()
                 jit = (torch.rand(im.shape[0], 3, generator=g) - 0.5) * 0.1
@@ -478,7 +466,7 @@ class Trainer:
         pairs = expression_pairs(cfg.expression_characters, cfg.expression_styles, side, cfg.seed)
         for ref, target, texts in pairs:
             x = to_images(torch.from_numpy(np.concatenate([ref[None], target])))
-            z = vae.encode(x).float()  # fp32: bf16 convs are ~10x slower at inference
+            z = vae.encode(x).float()  # fp32: bf16 convs are slower (docs/benchmarks.md)
             refs.append(z[:1].expand(len(texts), -1, -1, -1))
             targets.append(z[1:])
             prompts.extend(texts)
@@ -521,7 +509,7 @@ class Trainer:
             x = to_images(
                 torch.from_numpy(np.concatenate([pair.reference[None], pair.wrong, pair.right]))
             )
-            z = vae.encode(x).float()  # fp32: bf16 convs are ~10x slower at inference
+            z = vae.encode(x).float()  # fp32: bf16 convs are slower (docs/benchmarks.md)
             ref, wrong, right = z[:1], z[1 : 1 + n], z[1 + n :]
             lr = F.avg_pool2d(wrong, 2)
             sigma = torch.rand(n, 1, 1, 1, generator=g) * cfg.sr_input_noise

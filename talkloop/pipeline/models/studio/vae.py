@@ -51,8 +51,8 @@ class VAEConfig(BaseModel):
 class ResBlock(nn.Module):
     """conv-ReLU-conv with identity skip, no normalisation (TAESD style).
 
-    Norm layers and SiLU cost as much as the convs here on a CPU (measured: GroupNorm + SiLU were
-    ~25% of decode time), and a norm-free block has nothing that could mix frames of a batch.
+    Norm layers and SiLU cost as much as the convs here on a CPU (docs/benchmarks.md, "Figures
+    behind code choices"), and a norm-free block has nothing that could mix frames of a batch.
     """
 
     def __init__(self, ch: int) -> None:

@@ -7,14 +7,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from talkloop.pipeline.outputs.kvs.args import (
     add_kvs_args,
     check_kvs_args,
     kvs_sink_from_args,
     kvs_stream_name,
 )
+from talkloop.pipeline.outputs.kvs.putmedia import KvsError
+from talkloop.pipeline.outputs.kvs.sink import KvsSink, KvsStatus
 
 __all__ = [
     "KvsError",
@@ -25,17 +25,3 @@ __all__ = [
     "kvs_sink_from_args",
     "kvs_stream_name",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # Lazy: the command line imports this package to declare its flags, and should not pay
-    # for PyAV and the encoder code unless a mirror is asked for.
-    if name in ("KvsSink", "KvsStatus"):
-        from talkloop.pipeline.outputs.kvs import sink
-
-        return getattr(sink, name)
-    if name == "KvsError":
-        from talkloop.pipeline.outputs.kvs.putmedia import KvsError
-
-        return KvsError
-    raise AttributeError(name)

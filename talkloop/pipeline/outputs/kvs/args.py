@@ -14,6 +14,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.outputs.kvs.sink import KvsSink
 
 if TYPE_CHECKING:
     from talkloop.pipeline.outputs.kvs.sink import KvsSink
@@ -111,7 +112,6 @@ def kvs_sink_from_args(
     if not template:
         return None
     name = kvs_stream_name(template, session)
-    from talkloop.pipeline.outputs.kvs.sink import KvsSink  # PyAV and boto3 only when mirroring
 
     return KvsSink(
         name,

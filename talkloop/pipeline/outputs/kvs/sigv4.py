@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 __all__ = ["SERVICE", "sign_request_headers"]
 
@@ -48,7 +49,6 @@ def sign_request_headers(
 
 
 def _host_header(url: str) -> str:
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     default = {"http": 80, "https": 443}.get(parts.scheme)

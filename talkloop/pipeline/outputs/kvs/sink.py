@@ -16,6 +16,7 @@ a keyframe. ``status`` tells what happened.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import random
 import re
@@ -128,7 +129,6 @@ class KvsSink:
             raise ConfigError(f"KVS backoff_s must be (first, largest) > 0, got {backoff_s}")
         if max_queue_frames is not None and max_queue_frames < 1:
             raise ConfigError(f"KVS max_queue_frames must be >= 1, got {max_queue_frames}")
-        import importlib.util
 
         if importlib.util.find_spec("boto3") is None:
             raise ConfigError(
