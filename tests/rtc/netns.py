@@ -18,7 +18,19 @@ from pathlib import Path
 import pytest
 
 SCENARIOS = Path(__file__).parent / "scenarios"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"  # screenshots, kept for a look
+needs_chromium = pytest.mark.skipif(
+    not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium"
+)
 SETUP = 'ip link set lo up && ip addr add 127.0.0.2/8 dev lo && exec "$0" "$@"'
+
+
+def artifact(name: str) -> Path:
+    """A fresh path in artifacts/ (an earlier run's file of that name removed)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / name
+    path.unlink(missing_ok=True)
+    return path
 
 
 def run_in_netns(script: str, *args: str, timeout: float = 300) -> dict:

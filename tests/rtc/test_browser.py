@@ -7,17 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from netns import run_in_netns
+from netns import artifact, needs_chromium, run_in_netns
 
 pytestmark = pytest.mark.e2e
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
-@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+@needs_chromium
 def test_browser_call_decodes_video() -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "browser-call.png"
-    shot.unlink(missing_ok=True)
+    shot = artifact("browser-call.png")
     r = run_in_netns("browser.py", "--seconds", "8", "--screenshot", str(shot))
     s = r["stats"]
     assert r["title"].startswith("talkloop")
@@ -39,9 +36,7 @@ def test_browser_call_decodes_video() -> None:
 
 @pytest.mark.skipif(not Path("/usr/bin/firefox-esr").exists(), reason="needs Debian's firefox-esr")
 def test_firefox_call_negotiates_vp8_and_decodes_video() -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "firefox-call.png"
-    shot.unlink(missing_ok=True)
+    shot = artifact("firefox-call.png")
     r = run_in_netns("firefox.py", "--seconds", "8", "--screenshot", str(shot), timeout=240)
     s = r["stats"]
     assert r["title"].startswith("talkloop") and r["status"] == "Live"
@@ -55,11 +50,9 @@ def test_firefox_call_negotiates_vp8_and_decodes_video() -> None:
     assert shot.stat().st_size > 10_000
 
 
-@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+@needs_chromium
 def test_page_asks_for_the_access_token_once_over_https() -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "browser-access.png"
-    shot.unlink(missing_ok=True)
+    shot = artifact("browser-access.png")
     r = run_in_netns("access.py", "--screenshot", str(shot))
     # asked, refused, asked again; then kept for the tab: a reload does not ask
     assert len(r["dialogs"]) == 2 and all("access token" in d for d in r["dialogs"])

@@ -6,18 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from netns import run_in_netns
+from netns import artifact, needs_chromium, run_in_netns
 
 pytestmark = pytest.mark.e2e
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 HOPPER = Path(__file__).resolve().parents[1] / "data" / "portraits" / "grace_hopper.jpg"
 
 
-@pytest.mark.skipif(not Path("/usr/bin/chromium").exists(), reason="needs Debian's chromium")
+@needs_chromium
 def test_a_photo_picked_in_the_page_is_the_avatar_of_the_call() -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "browser-portrait-upload.png"
-    shot.unlink(missing_ok=True)
+    shot = artifact("browser-portrait-upload.png")
     r = run_in_netns(
         "portrait_page.py", "--photo", str(HOPPER), "--screenshot", str(shot), timeout=300
     )

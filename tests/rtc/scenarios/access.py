@@ -9,14 +9,12 @@ import tempfile
 
 from playwright.async_api import async_playwright
 
-from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.rtc.security import AccessPolicy
 from talkloop.rtc.server import AvatarServer
 from talkloop.rtc.tls import self_signed, server_context
 
-from common import HOST, emit, make_reference, tiny_live_pipeline
+from common import HOST, chromium, emit, hang_up, make_reference, open_page, tiny_live_pipeline
 
-CHROMIUM = "/usr/bin/chromium"
 TOKEN = "a-long-enough-access-token"
 STATUS = "document.getElementById('status').textContent"
 
@@ -46,23 +44,9 @@ async def main() -> None:
         statuses.append(text)
 
     async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--allow-loopback-in-peer-connection",
-                "--use-fake-ui-for-media-stream",
-                "--use-fake-device-for-media-stream",
-                f"--use-file-for-fake-audio-capture={HELLO_WAV}",
-                "--autoplay-policy=no-user-gesture-required",
-            ],
-        )
-        context = await browser.new_context(
-            ignore_https_errors=True, viewport={"width": 1200, "height": 800}
-        )
-        page = await context.new_page()
+        browser = await chromium(p)
+        page, console = await open_page(browser, 1200, 800, https=True)
         page.on("dialog", on_dialog)
-        console: list[str] = []
-        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
         await page.goto(page_url)
         await page.click("#call")  # asks; the wrong token is refused
         await wait_status("Access token refused")
@@ -76,9 +60,7 @@ async def main() -> None:
         await wait_status("Live")
         await asyncio.sleep(2.0)  # frames on screen
         await page.screenshot(path=args.screenshot)
-        await page.click("#call")
-        await asyncio.sleep(1.0)
-        await browser.close()
+        await hang_up(page, browser)
     left = len(server.calls)
     await server.stop()
     emit(

@@ -7,11 +7,17 @@ import asyncio
 
 from playwright.async_api import async_playwright
 
-from talkloop.pipeline.assets import HELLO_WAV
-
-from common import PAGE_STATS_JS, emit, start_server, tiny_live_pipeline
-
-CHROMIUM = "/usr/bin/chromium"
+from common import (
+    PAGE_STATS_JS,
+    chromium,
+    emit,
+    hang_up,
+    open_page,
+    page_url,
+    start_server,
+    tiny_live_pipeline,
+    wait_live,
+)
 
 
 async def main() -> None:
@@ -21,27 +27,13 @@ async def main() -> None:
     args = ap.parse_args()
     pipeline = tiny_live_pipeline(128)
     server, url = await start_server(pipeline, notice="No trained weights are installed (test).")
-    page_url = url.replace("ws://", "http://").removesuffix("/ws") + "/"
     async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--allow-loopback-in-peer-connection",
-                "--use-fake-ui-for-media-stream",
-                "--use-fake-device-for-media-stream",
-                f"--use-file-for-fake-audio-capture={HELLO_WAV}",
-                "--autoplay-policy=no-user-gesture-required",
-            ],
-        )
-        page = await browser.new_page(viewport={"width": 1200, "height": 800})
-        console: list[str] = []
-        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-        await page.goto(page_url)
+        browser = await chromium(p)
+        page, console = await open_page(browser, 1200, 800)
+        await page.goto(page_url(url))
         title = await page.title()
         await page.click("#call")
-        await page.wait_for_function(
-            "document.getElementById('status').textContent === 'Live'", timeout=20000
-        )
+        await wait_live(page)
         await page.fill("#say", "Hello from the browser test.")
         await page.click("#say-btn")
         await asyncio.sleep(args.seconds)
@@ -50,9 +42,7 @@ async def main() -> None:
         notice = await page.text_content("#notice")
         agent_url = await page.text_content("#agent-url")
         await page.screenshot(path=args.screenshot)
-        await page.click("#call")  # end the call from the page
-        await asyncio.sleep(1.0)
-        await browser.close()
+        await hang_up(page, browser)  # end the call from the page
     left = len(server.calls)
     await server.stop()
     emit(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -44,6 +45,74 @@ PAGE_STATS_JS = """async () => {
     });
     return out;
 }"""
+
+# The page's selected candidate pair: both candidates' types and addresses, and how the local one
+# reaches its TURN server (null unless it is a relay candidate).
+PAGE_PAIR_JS = """async () => {
+    const report = await window.talkloop.stats();
+    let pairId = null;
+    report.forEach((r) => { if (r.type === 'transport' && r.selectedCandidatePairId) pairId = r.selectedCandidatePairId; });
+    const pair = pairId && report.get(pairId);
+    if (!pair) return null;
+    const local = report.get(pair.localCandidateId), remote = report.get(pair.remoteCandidateId);
+    return {localType: local.candidateType, remoteType: remote.candidateType,
+            localAddress: local.address, remoteAddress: remote.address,
+            relayProtocol: local.relayProtocol || null};
+}"""
+
+# -- headless Chromium (Debian's, driven by Playwright) ------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+async def chromium(playwright):
+    """Headless Chromium whose fake microphone plays hello.wav (camera and microphone allowed
+    without asking, autoplay on, loopback addresses allowed as ICE candidates)."""
+    from talkloop.pipeline.assets import HELLO_WAV
+
+    return await playwright.chromium.launch(
+        executable_path=CHROMIUM,
+        args=[
+            "--allow-loopback-in-peer-connection",
+            "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={HELLO_WAV}",
+            "--autoplay-policy=no-user-gesture-required",
+        ],
+    )
+
+
+async def open_page(browser, width: int, height: int, https: bool = False):
+    """A new page (``https``: in a context that accepts a self-signed certificate, as a user does
+    after the browser's warning) and the list its console messages are kept in."""
+    viewport = {"width": width, "height": height}
+    if https:
+        context = await browser.new_context(ignore_https_errors=True, viewport=viewport)
+        page = await context.new_page()
+    else:
+        page = await browser.new_page(viewport=viewport)
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    return page, console
+
+
+async def wait_live(page, timeout_ms: int = 20000) -> None:
+    """Until the page's status says its call is live."""
+    await page.wait_for_function(
+        "document.getElementById('status').textContent === 'Live'", timeout=timeout_ms
+    )
+
+
+async def hang_up(page, browser) -> None:
+    """End the call from the page, give the server a second to see it go, close the browser."""
+    await page.click("#call")
+    await asyncio.sleep(1.0)
+    await browser.close()
+
+
+def page_url(ws_url: str) -> str:
+    """The page of the server whose websocket is ``ws_url``."""
+    return ws_url.replace("ws://", "http://").removesuffix("/ws") + "/"
 
 
 def tiny_live_pipeline(size: int = 128) -> Pipeline:

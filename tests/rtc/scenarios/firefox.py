@@ -20,7 +20,7 @@ from pathlib import Path
 
 import websockets
 
-from common import HOST, PAGE_STATS_JS, emit, start_server, tiny_live_pipeline
+from common import HOST, PAGE_STATS_JS, emit, page_url, start_server, tiny_live_pipeline
 
 FIREFOX = "/usr/bin/firefox-esr"
 PREFS = {
@@ -129,7 +129,6 @@ async def main() -> None:
     args = ap.parse_args()
     pipeline = tiny_live_pipeline(128)
     server, url = await start_server(pipeline)
-    page_url = url.replace("ws://", "http://").removesuffix("/ws") + "/"
     with tempfile.TemporaryDirectory() as tmp:
         proc, bidi_url = await launch(Path(tmp))
         try:
@@ -138,7 +137,9 @@ async def main() -> None:
                 await b.call("session.new", capabilities={})
                 tree = await b.call("browsingContext.getTree")
                 ctx = tree["contexts"][0]["context"]
-                await b.call("browsingContext.navigate", context=ctx, url=page_url, wait="complete")
+                await b.call(
+                    "browsingContext.navigate", context=ctx, url=page_url(url), wait="complete"
+                )
                 title = await b.js(ctx, "document.title")
                 await b.js(ctx, "document.getElementById('call').click()")
                 status = ""

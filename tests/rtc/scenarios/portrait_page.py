@@ -8,14 +8,20 @@ import asyncio
 import numpy as np
 from playwright.async_api import async_playwright
 
-from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.core.config import build_config
 from talkloop.pipeline.models.registry import build_pipeline, load_reference
 
-from common import PAGE_STATS_JS, emit, start_server
+from common import (
+    PAGE_STATS_JS,
+    chromium,
+    emit,
+    hang_up,
+    open_page,
+    page_url,
+    start_server,
+    wait_live,
+)
 from support import live_config
-
-CHROMIUM = "/usr/bin/chromium"
 
 
 async def main() -> None:
@@ -33,37 +39,21 @@ async def main() -> None:
     server.reference = load_reference(config, None)  # the server's own avatar: the default
     opened = []
     server.on_call = opened.append
-    page_url = url.replace("ws://", "http://").removesuffix("/ws") + "/"
     async with async_playwright() as p:
-        browser = await p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--allow-loopback-in-peer-connection",
-                "--use-fake-ui-for-media-stream",
-                "--use-fake-device-for-media-stream",
-                f"--use-file-for-fake-audio-capture={HELLO_WAV}",
-                "--autoplay-policy=no-user-gesture-required",
-            ],
-        )
-        page = await browser.new_page(viewport={"width": 1200, "height": 800})
-        console: list[str] = []
-        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-        await page.goto(page_url)
+        browser = await chromium(p)
+        page, console = await open_page(browser, 1200, 800)
+        await page.goto(page_url(url))
         await page.set_input_files("#avatar-file", args.photo)
         await page.wait_for_function("!document.getElementById('avatar-pick').hidden")
         await page.click("#call")
-        await page.wait_for_function(
-            "document.getElementById('status').textContent === 'Live'", timeout=60000
-        )
+        await wait_live(page, timeout_ms=60000)
         await page.fill("#say", "Hello, I am the person in your photo.")
         await page.click("#say-btn")
         await asyncio.sleep(args.seconds)
         stats = await page.evaluate(PAGE_STATS_JS)
         await page.screenshot(path=args.screenshot)
         used = opened[0].session.state.fields["renderer"].image.astype(np.int16)  # the call's photo
-        await page.click("#call")
-        await asyncio.sleep(1.0)
-        await browser.close()
+        await hang_up(page, browser)
     # The call's photo: the page's upload framed by the server, not the server's own avatar.
     framed_upload = load_reference(config, args.photo).astype(np.int16)
     own = server.reference.astype(np.int16)
