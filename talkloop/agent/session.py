@@ -3,7 +3,8 @@
     push_audio(AudioFrame) / end_of_segment() / clear_buffer()      (agent TTS in, any rate)
         -> resample to OUTPUT_RATE (48 kHz) -> AudioDriver (real-time blocks, segments, mic)
         -> PlayoutBuffer (the driving audio, full band)  -> next_audio()  (48 kHz, MediaClock)
-        -> resampled to the model's rate -> pipeline Session.push_audio -> generation thread
+        -> resampled to the model's rate -> pipeline Session.push_audio -> the live engine
+           (one generation loop for every session of the process: talkloop/pipeline/core/engine.py)
         -> FrameQueueSink (bounded, drops the oldest)  -> next_video()  (same clock)
     playback events (started, finished with position) come from next_audio(): "played" means
     emitted by the audio output, never merely queued.
@@ -30,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
@@ -44,6 +44,7 @@ from talkloop.agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, V
 from talkloop.agent.tts import EspeakTTS
 from talkloop.pipeline.audio.resample import StreamResampler
 from talkloop.pipeline.backends.report import describe
+from talkloop.pipeline.core.engine import Engine, Stream, default_engine
 from talkloop.pipeline.core.errors import BusyError, SessionClosedError
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.session import Session
@@ -115,6 +116,8 @@ class AvatarSession:
         mirrors: extra sinks that get a copy of the stream (e.g. a KvsSink); they must not block.
         executor: runs the built-in TTS and the blocking parts of closing; None: the loop's
             default executor (a server passes its own, so media encoding never waits on them).
+        engine: generates the chunks, with every other session's; None: the process's own
+            (:func:`~talkloop.pipeline.core.engine.default_engine`).
     """
 
     def __init__(
@@ -127,8 +130,10 @@ class AvatarSession:
         name: str = "avatar",
         mirrors: Sequence[Sink] = (),
         executor: Executor | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.config = config = config or AvatarConfig()
+        self.engine = engine or default_engine()
         self.executor = executor
         self.pipeline = pipeline
         self.name = name
@@ -180,8 +185,7 @@ class AvatarSession:
         self.video_lateness, self.audio_lateness = Lateness(), Lateness()
         self.driving_dropped_samples = 0
         self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._generate, name=f"gen-{name[:6]}", daemon=True)
+        self._stream: Stream | None = None  # in the engine while generating
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._push_warned = False
@@ -191,31 +195,30 @@ class AvatarSession:
 
     def start(self) -> None:
         """Start generating and producing driving audio (call on the event loop). Idempotent."""
-        if self._thread.is_alive() or self.closed or self._tasks:
+        if self._stream is not None or self.closed or self._tasks:
             return
         self.driver.produce_due(self.clock.now())  # anchors the media clock now
         self._loop = asyncio.get_running_loop()
-        self._thread.start()
+        self._stream = self.engine.add(
+            self.session, self._deadline, self.lag_budget, self._generation_failed
+        )
         self._tasks.append(asyncio.get_running_loop().create_task(self._tick()))
 
     async def close(self) -> None:
         """Stop everything and release what the session held. Idempotent."""
         self.closed = True
-        self._stop.set()
         for task in [*self._tasks, *self._say_tasks]:
             task.cancel()
         for task in [*self._tasks, *self._say_tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        self.frames.abort()  # wakes a generation step blocked on the queue, drops held frames
+        self.frames.abort()  # drops held frames
         loop = asyncio.get_running_loop()
-        if self._thread.is_alive():
-            await loop.run_in_executor(self.executor, self._thread.join)
-        # The generation loop closes the pipeline session (and so its mirrors: a KVS uploader
-        # thread and connection) when it ends; a session that never started, or whose loop
-        # failed before it could, is closed here. Idempotent; off the loop, as a mirror drains
-        # when closed.
+        if self._stream is not None:  # returns once no chunk of this session is generating
+            await loop.run_in_executor(self.executor, self.engine.remove, self._stream)
+        # Closing the pipeline session closes its mirrors too (a KVS uploader thread and its
+        # connection): off the loop, as a mirror drains when closed. Idempotent.
         await loop.run_in_executor(self.executor, self.session.close)
         # Drop references so tensors, frames and audio buffers are freed now, not at GC time.
         self.session.state.clear()
@@ -551,24 +554,34 @@ class AvatarSession:
             self.driving_dropped_samples += block.shape[0]
         except Exception as err:  # session closed under us
             # Once: this runs every 20 ms, and the cause (a failed generation) is logged apart.
-            if not self._stop.is_set() and not self._push_warned:
+            if not self.closed and not self._push_warned:
                 self._push_warned = True
                 log.warning("%s: driving audio rejected: %s", self.name, err)
 
-    def _generate(self) -> None:
-        try:
-            self.session.run_live(self._stop, max_lag_s=self.lag_budget)
-        except Exception as err:  # ends this session only
-            if self._stop.is_set():
-                # Closing aborts the frame queue under a running step: expected, not a fault.
-                log.debug("%s: generation stopped by close: %s", self.name, err)
-                return
-            self.error = err
-            log.exception("%s: generation failed", self.name)
-            loop = self._loop
-            if loop is not None and not loop.is_closed():
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(self._failed, err)
+    @property
+    def generating(self) -> bool:
+        """True while the engine runs this session's chunks (from ``start`` to ``close`` or
+        a failure)."""
+        return self._stream is not None and not self._stream.ended
+
+    def _deadline(self, frame: int) -> float:
+        """When frame ``frame`` plays (the engine's order: earliest first)."""
+        if not self.media.started:
+            return float("-inf")
+        return self.media.due(self.info.frame_pts(frame))
+
+    def _generation_failed(self, err: BaseException) -> None:
+        """The engine's report that this session's chunk failed (its thread): the session is
+        dead, the others go on."""
+        if self.closed:  # closing aborts the frame queue under a running step: not a fault
+            log.debug("%s: generation stopped by close: %s", self.name, err)
+            return
+        self.error = err
+        log.error("%s: generation failed", self.name, exc_info=err)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._failed, err)
 
     def _failed(self, err: BaseException) -> None:
         if self.closed:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -78,10 +77,6 @@ class Call:
     def session(self) -> Session:
         """The pipeline session (the generation stream and its rolling memory) of this call."""
         return self.avatar.session
-
-    @property
-    def _thread(self) -> threading.Thread:
-        return self.avatar._thread
 
     # -- lifecycle ---------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_a_generation_failure_reaches_the_listeners_once(live_pipeline) -> None:
         def broken(*a, **k):
             raise RuntimeError("boom")
 
-        avatar.session.step = broken
+        avatar.frames.write = broken  # the session's frame output fails at its first chunk
         avatar.start()
         for _ in range(200):
             if seen:
@@ -98,12 +99,13 @@ def test_a_close_that_interrupts_a_step_is_not_a_failure(live_pipeline, caplog) 
         avatar.failure_listeners.append(seen.append)
         in_step = threading.Event()
 
-        def step_until_aborted(*a, **k):
+        def write_until_closed(*a, **k):
             in_step.set()
-            avatar._stop.wait(30)
+            while not avatar.closed:
+                time.sleep(0.005)
             raise SessionClosedError("FrameQueueSink is closed; no more frames accepted")
 
-        avatar.session.step = step_until_aborted
+        avatar.frames.write = write_until_closed  # the first chunk's publish waits for the close
         avatar.start()
         await asyncio.to_thread(in_step.wait, 30)
         await avatar.close()

@@ -111,7 +111,7 @@ def test_vanished_client_frees_its_session(live_pipeline) -> None:
 
     left, call = run(with_server(live_pipeline, body))
     assert left == 0
-    assert not call._thread.is_alive()
+    assert not call.avatar.generating
     assert call.session.state.fields["context_latents"] is None  # tensors released
     assert not [t for t in threading.enumerate() if t.name.startswith("gen-")]
 

@@ -120,16 +120,35 @@ class Pipeline:
 
         ``timings``, if given, accumulates seconds per "phase/stage" key (a fixed set of keys).
         """
+        return self.run_phase_batch(name, [work], [state], [timings])[0]
+
+    def run_phase_batch(
+        self,
+        name: str,
+        works: Sequence[dict[str, Any]],
+        states: Sequence[SessionState],
+        timings: Sequence[dict[str, float] | None],
+    ) -> Sequence[dict[str, Any]]:
+        """:meth:`run_phase` for several sessions at once, stage by stage: each stage gets all
+        of their contexts (``Stage.run_batch``: one forward for the batch where a stage can).
+        A batched stage's seconds are shared out equally between the sessions' ``timings``."""
         with torch.inference_mode(), self.autocast():
             for stage in self.phases[name].stages:
                 t0 = time.perf_counter()
                 for hook in self.stage_hooks:
                     hook(name, stage)
-                stage.run(StageContext(stage, work, state, self.modules, self.session_fields))
-                if timings is not None:
-                    key = f"{name}/{stage.name}"
-                    timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
-        return work
+                stage.run_batch(
+                    [
+                        StageContext(stage, work, state, self.modules, self.session_fields)
+                        for work, state in zip(works, states, strict=True)
+                    ]
+                )
+                share = (time.perf_counter() - t0) / len(works)
+                key = f"{name}/{stage.name}"
+                for seconds in timings:
+                    if seconds is not None:
+                        seconds[key] = seconds.get(key, 0.0) + share
+        return works
 
 
 def _compute_dtype(config: TalkloopConfig, modules: Mapping[str, Module]) -> str:

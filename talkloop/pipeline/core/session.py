@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,16 @@ class SessionStats:
         return {k: v / media for k, v in sorted(dict(self.stage_seconds).items())}
 
 
+@dataclass
+class _Step:
+    """One N chunk's inputs, taken from a session under its lock."""
+
+    chunk: NChunk
+    windows: np.ndarray
+    total_samples: int | None
+    t0: float
+
+
 class Session:
     """One avatar stream. Not created directly: use ``Pipeline.open_session``.
 
@@ -86,6 +97,9 @@ class Session:
         # so consumers can tell frames made from since-interrupted audio (VideoChunk.epoch).
         self.audio_epoch = 0
         self._step_epoch = 0
+        # Called (no arguments, any thread) when audio arrives or ends and when the session
+        # closes: the live engine waits on these instead of polling.
+        self.listeners: list[Callable[[], None]] = []
         pipeline.run_phase("init", {"reference_image": reference, "prompt": prompt}, self.state)
         opened: list[Sink] = []
         try:
@@ -123,12 +137,14 @@ class Session:
                 self.stats.first_audio_at = time.perf_counter()
             buf.append(samples)
             self._cond.notify_all()
+        self._tell()
 
     def end_audio(self) -> None:
         """No more audio will come: the remaining chunks run with the audio received."""
         with self._cond:
             self.state.audio.ended = True
             self._cond.notify_all()
+        self._tell()
 
     def silence_unconsumed_audio(self, from_sample: int = 0) -> int:
         """Zero the audio no chunk has used yet (an interrupt): the avatar returns to idle.
@@ -147,6 +163,11 @@ class Session:
             buf.samples[max(0, start - buf.offset) :] = 0.0
             self.audio_epoch += 1
             return self.audio_epoch
+
+    def _tell(self) -> None:
+        """Wake whoever runs this session's chunks (outside the lock: they take their own)."""
+        for listener in list(self.listeners):
+            listener()
 
     def set_prompt(self, prompt: str) -> None:
         """Change the text conditioning from the next chunk on."""
@@ -200,12 +221,20 @@ class Session:
 
         Returns the number of frames published (0 when not ready or finished).
         """
+        (result,) = step_sessions([self])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _begin_step(self) -> _Step | None:
+        """The next N chunk's inputs, taken under the lock (None when it cannot run yet); the
+        prompt phase runs here when the prompt changed."""
         if self._closed:
             raise SessionClosedError("the session is closed")
         p, state = self.pipeline, self.state
         with self._cond:
             if not self._ready_locked():
-                return 0
+                return None
             n = self.next_chunk()
             assert n is not None  # _ready_locked checked it
             windows = self._windows(n)
@@ -216,14 +245,17 @@ class Session:
         if prompt is not None and prompt != state.prompt:
             state.prompt = prompt
             p.run_phase("prompt", {"prompt": prompt}, state, self.stats.stage_seconds)
-        work = p.run_phase(
-            "n_chunk",
-            {"job": n, "seed": self.seed, "audio_windows": windows},
-            state,
-            self.stats.stage_seconds,
-        )
+        return _Step(n, windows, total_samples, t0)
+
+    def _n_chunk_work(self, step: _Step) -> dict:
+        return {"job": step.chunk, "seed": self.seed, "audio_windows": step.windows}
+
+    def _finish_step(self, step: _Step, work: dict) -> int:
+        """After the ``n_chunk`` phase: the I chunk if the timeline has one, the motion context
+        rolled forward, the ``publish`` phase, the frames to the sinks."""
+        p, state, n = self.pipeline, self.state, step.chunk
         latents, chunk_audio = work.pop("latents"), work.pop("chunk_audio")
-        del work, windows
+        del work
         segments = p.timeline.segments_after(n)
         if len(segments) == 2:  # an I chunk redoes the first frames of n
             i_job = segments[0].source
@@ -259,11 +291,11 @@ class Session:
             self.stats.stage_seconds,
         ).pop("frames")
         del display, chunk_audio
-        took = time.perf_counter() - t0
+        took = time.perf_counter() - step.t0
         self.stats.generate_seconds += took
         last = self.stats.chunk_seconds
         self.stats.chunk_seconds = took if last is None else 0.8 * last + 0.2 * took
-        self._publish(n.start, frames, total_samples)
+        self._publish(n.start, frames, step.total_samples)
         with self._cond:
             state.next_n += 1
             state.frames_published = n.stop
@@ -401,6 +433,7 @@ class Session:
                 return
             self._closed = True
             self._cond.notify_all()
+        self._tell()
         errors: list[BaseException] = []
         for sink in self.sinks:
             try:
@@ -409,3 +442,72 @@ class Session:
                 errors.append(err)
         if errors:
             raise errors[0]
+
+
+def step_sessions(
+    sessions: Sequence[Session], executor: Executor | None = None
+) -> list[int | BaseException]:
+    """:meth:`Session.step` for several sessions of one pipeline at once: their ``n_chunk``
+    phases run stage by stage over all of them (the motion model sees one batch), then each
+    finishes its own chunk (``executor`` runs those side by side, when given).
+
+    Returns per session the frames it published (0: its chunk was not ready) or the error that
+    ended its step, so one failing session never takes the others down: when the batched phase
+    fails, each session runs its phase alone to find whose input it was.
+    """
+    begun: list[tuple[Session, _Step]] = []
+    results: dict[int, int | BaseException] = {}
+    for s in sessions:
+        try:
+            step = s._begin_step()
+        except Exception as err:
+            results[id(s)] = err
+            continue
+        if step is None:
+            results[id(s)] = 0
+        else:
+            begun.append((s, step))
+    if begun:
+        pipeline = begun[0][0].pipeline
+        if any(s.pipeline is not pipeline for s, _ in begun):
+            raise ValueError("step_sessions batches sessions of one pipeline only")
+        works: list[dict | BaseException]
+        try:
+            works = list(
+                pipeline.run_phase_batch(
+                    "n_chunk",
+                    [s._n_chunk_work(step) for s, step in begun],
+                    [s.state for s, _ in begun],
+                    [s.stats.stage_seconds for s, _ in begun],
+                )
+            )
+        except Exception:
+            if len(begun) == 1:
+                raise
+            works = []
+            for s, step in begun:  # alone, to find whose input failed
+                try:
+                    work = pipeline.run_phase(
+                        "n_chunk", s._n_chunk_work(step), s.state, s.stats.stage_seconds
+                    )
+                    works.append(work)
+                except Exception as err:
+                    works.append(err)
+
+        def finish(item: tuple[tuple[Session, _Step], dict | BaseException]) -> None:
+            (s, step), work = item
+            if isinstance(work, BaseException):
+                results[id(s)] = work
+                return
+            try:
+                results[id(s)] = s._finish_step(step, work)
+            except Exception as err:
+                results[id(s)] = err
+
+        items = list(zip(begun, works, strict=True))
+        if executor is not None and len(items) > 1:
+            list(executor.map(finish, items))
+        else:
+            for item in items:
+                finish(item)
+    return [results[id(s)] for s in sessions]

@@ -7,7 +7,7 @@ enforces them while running, so a stage cannot quietly depend on something it di
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from talkloop.pipeline.core.errors import PipelineError
@@ -31,6 +31,13 @@ class Stage:
 
     def run(self, ctx: StageContext) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def run_batch(self, ctxs: Sequence[StageContext]) -> None:
+        """Run for several sessions' chunks at once (the live engine batches calls). The base
+        class runs them one by one; a stage whose network gains from a batch overrides this and
+        must write exactly what ``run`` would have written for each."""
+        for ctx in ctxs:
+            self.run(ctx)
 
 
 class StageContext:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+import torch
 
 from talkloop.pipeline.core.config import SamplerConfig
 from talkloop.pipeline.core.graph import Phase
@@ -35,21 +38,44 @@ class A2VStage(Stage):
         self.sampler = sampler
 
     def run(self, ctx: StageContext) -> None:
-        mask = ctx.read("given_mask")
+        self.run_batch([ctx])
+
+    def run_batch(self, ctxs: Sequence[StageContext]) -> None:
+        """One sampler run for every chunk of the same shape (frames, kind, prompt or none):
+        each sample of a batch sees only its own inputs and noise."""
+        groups: dict[tuple, list[StageContext]] = {}
+        for ctx in ctxs:
+            key = (
+                tuple(ctx.read("given").shape),
+                ctx.read("job").kind,
+                ctx.read("text_embedding") is None,
+            )
+            groups.setdefault(key, []).append(ctx)
+        for group in groups.values():
+            self._sample(group)
+
+    def _sample(self, ctxs: list[StageContext]) -> None:
+        def stacked(field: str) -> torch.Tensor | None:
+            values = [ctx.read(field) for ctx in ctxs]
+            return None if values[0] is None else torch.cat(values)
+
+        first = ctxs[0]
+        mask = stacked("given_mask")
         out = euler_sample(
-            ctx.module("a2v").net,
-            x_given=ctx.read("given"),
+            first.module("a2v").net,
+            x_given=stacked("given"),
             given_mask=mask,
-            pos=ctx.read("positions"),
-            ref=ctx.read("a2v_reference"),
-            audio=ctx.read("cond_audio"),
-            text=ctx.read("text_embedding"),
-            noise=ctx.read("noise"),
-            steps=self.sampler.i_steps if ctx.read("job").kind == "I" else self.sampler.steps,
+            pos=stacked("positions"),
+            ref=stacked("a2v_reference"),
+            audio=stacked("cond_audio"),
+            text=stacked("text_embedding"),
+            noise=stacked("noise"),
+            steps=self.sampler.i_steps if first.read("job").kind == "I" else self.sampler.steps,
             shift=self.sampler.shift,
             audio_guidance=self.sampler.audio_guidance,
-        )  # (1, F, C, h, w)
-        ctx.write("latents", out[0, ~mask[0]].float())  # (generated, C, h, w)
+        )  # (B, F, C, h, w)
+        for b, ctx in enumerate(ctxs):
+            ctx.write("latents", out[b, ~mask[b]].float())  # (generated, C, h, w)
 
 
 def chunk_phases(sampler: SamplerConfig) -> dict[str, Phase]:

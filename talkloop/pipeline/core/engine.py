@@ -1,0 +1,210 @@
+"""The live engine: one generation loop for every live session of a process.
+
+A live session (a :class:`Session` fed in real time by a call) joins the engine with two
+functions: ``deadline(frame)``, the time on the engine's clock at which that frame must play, and
+``max_lag_s()``, how much audio may wait before it gives up a chunk. Each turn the engine
+
+1. lets every session whose backlog is past its bound skip its next chunk (it catches up a whole
+   chunk of lag and computes nothing: its video holds a frame meanwhile);
+2. takes, of the sessions whose next chunk has its audio, the one that has given up the most
+   chunks, and of those the one whose chunk is due first (earliest deadline first), and with it every other ready session of the same pipeline, up to
+   ``max_batch``: their ``n_chunk`` phases run as one batch (one forward of the motion model for
+   all of them, :func:`~talkloop.pipeline.core.session.step_sessions`), then each finishes its
+   chunk (the renderers run side by side on ``publish_workers`` threads);
+3. waits for audio when no session is ready.
+
+So the event loop of a server carries no generation work. While the machine keeps up, nothing is
+skipped and the order is earliest deadline first. Under overload (more calls than it can generate
+in real time) deadlines alone would starve some calls: a session that skipped a chunk jumps ahead
+in its timeline, so its next deadline is later than everyone's and it falls behind again. Serving
+the most deprived session first (a deficit count, as fair queueing does) shares the losses out:
+every session gives up about the same share of chunks (``tests/core/test_engine.py``).
+
+A session that fails ends alone: its ``on_error`` is called and the engine forgets it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from talkloop.pipeline.core.session import Session, step_sessions
+
+log = logging.getLogger("talkloop.engine")
+
+WAIT_S = 0.02  # longest sleep without a wake-up: one driving block
+
+
+@dataclass(eq=False)
+class Stream:
+    """A session the engine runs, and how it is told what happens to it."""
+
+    session: Session
+    deadline: Callable[[int], float]
+    max_lag_s: Callable[[], float]
+    on_error: Callable[[BaseException], None]
+    running: bool = False
+    ended: bool = False
+    deficit: int = 0  # chunks it gave up while in the engine (fairness under overload)
+
+
+class Engine:
+    """Runs the chunks of every added session on one thread (see the module docstring).
+
+    Args:
+        clock: the time ``deadline`` answers in (only compared, never slept on).
+        max_batch: sessions whose chunks run as one batch at most.
+        publish_workers: threads that finish the chunks of a batch side by side (the renderers
+            release the GIL); None: the number of cores.
+        step: runs one batch of sessions' chunks (tests replace it to time the policy alone).
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        max_batch: int = 8,
+        publish_workers: int | None = None,
+        name: str = "engine",
+        step: Callable[[list[Session], Executor], list[int | BaseException]] = step_sessions,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.clock = clock
+        self.step = step
+        self.max_batch = max_batch
+        self.name = name
+        workers = publish_workers or len(os.sched_getaffinity(0))
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-publish")
+        self._cond = threading.Condition()
+        self._streams: list[Stream] = []
+        self._thread: threading.Thread | None = None
+        self.batches = 0  # turns that ran more than one session's chunk in one batch
+        self.turns = 0
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def add(
+        self,
+        session: Session,
+        deadline: Callable[[int], float],
+        max_lag_s: Callable[[], float],
+        on_error: Callable[[BaseException], None],
+    ) -> Stream:
+        """Run ``session``'s chunks from now on, until :meth:`remove` or its audio ends."""
+        stream = Stream(session, deadline, max_lag_s, on_error)
+        session.listeners.append(self.wake)
+        with self._cond:
+            # A newcomer starts level with the least deprived: no head start over the others.
+            stream.deficit = min((s.deficit for s in self._streams), default=0)
+            self._streams.append(stream)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return stream
+
+    def remove(self, stream: Stream, timeout: float | None = None) -> None:
+        """Stop running ``stream``; returns once no chunk of it is being generated."""
+        with self._cond:
+            stream.ended = True
+            self._cond.wait_for(lambda: not stream.running, timeout)
+            if stream in self._streams:
+                self._streams.remove(stream)
+        if self.wake in stream.session.listeners:
+            stream.session.listeners.remove(self.wake)
+
+    def wake(self) -> None:
+        """Audio arrived (or a session ended): look again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def streams(self) -> int:
+        with self._cond:
+            return len(self._streams)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run_once(self) -> bool:
+        """One turn (see the module docstring). Returns False when nothing was ready."""
+        with self._cond:
+            live = [s for s in self._streams if not s.ended]
+        for stream in live:
+            s = stream.session
+            if s.lag_seconds() > stream.max_lag_s() and s.skip_chunk():
+                stream.deficit += 1
+        ready = []
+        for stream in live:
+            chunk = stream.session.next_chunk()
+            if chunk is not None and stream.session.ready():
+                ready.append((-stream.deficit, stream.deadline(chunk.start), stream))
+        if not ready:
+            return False
+        ready.sort(key=lambda item: item[:2])
+        first = ready[0][-1]
+        batch = [first] + [
+            st for *_, st in ready[1:] if st.session.pipeline is first.session.pipeline
+        ][: self.max_batch - 1]
+        with self._cond:
+            batch = [st for st in batch if not st.ended]
+            for st in batch:
+                st.running = True
+        try:
+            results = self.step([st.session for st in batch], self._pool)
+        finally:
+            with self._cond:
+                for st in batch:
+                    st.running = False
+                self._cond.notify_all()
+        self.turns += 1
+        self.batches += len(batch) > 1
+        for stream, result in zip(batch, results, strict=True):
+            if isinstance(result, BaseException):
+                self._fail(stream, result)
+        return True
+
+    def _fail(self, stream: Stream, err: BaseException) -> None:
+        with self._cond:
+            if stream.ended:  # closed under its step: expected, not a fault
+                log.debug("%s: a session's chunk stopped by its close: %s", self.name, err)
+                return
+            stream.ended = True
+            if stream in self._streams:
+                self._streams.remove(stream)
+        try:
+            stream.on_error(err)
+        except Exception:
+            log.exception("%s: error listener failed", self.name)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._streams:
+                    self._thread = None
+                    return
+            try:
+                worked = self.run_once()
+            except Exception:  # a bug of the engine itself: keep serving the others
+                log.exception("%s: turn failed", self.name)
+                worked = False
+            if not worked:
+                with self._cond:
+                    self._cond.wait(WAIT_S)
+
+
+_default: Engine | None = None
+_default_lock = threading.Lock()
+
+
+def default_engine() -> Engine:
+    """The process's engine (made on first use): every live session shares it."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Engine()
+        return _default

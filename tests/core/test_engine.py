@@ -1,0 +1,140 @@
+"""The live engine: earliest deadline first, fair losses under overload, batches that change no
+frame."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from talkloop.pipeline.core.clock import frame_start_sample
+from talkloop.pipeline.core.engine import Engine, Stream
+from talkloop.pipeline.core.schedule import NChunk
+from talkloop.pipeline.core.session import step_sessions
+from talkloop.pipeline.models.registry import build_pipeline
+
+from support import CollectSink, make_reference, tiny_config
+
+pytestmark = pytest.mark.unit
+
+CHUNK_S = 0.12  # a live chunk: 3 frames at 25 fps
+PLAYOUT_S = 0.32
+
+
+class Timed:
+    """A live session on a manual clock: its audio arrives in real time, chunk ``k`` can run
+    once the audio of its last frame is there, and it plays ``PLAYOUT_S`` after that audio."""
+
+    def __init__(self, name: str, now: list[float], pipeline: object, offset: float = 0.0):
+        self.name, self.now, self.pipeline, self.offset = name, now, pipeline, offset
+        self.next = 0
+        self.generated = self.skipped = 0
+        self.listeners: list = []
+
+    def _audio_until(self, k: int) -> float:
+        return self.offset + (k + 1) * CHUNK_S
+
+    def next_chunk(self) -> NChunk:
+        return NChunk(self.next, self.next * 3, 3)
+
+    def ready(self) -> bool:
+        return self.now[0] >= self._audio_until(self.next)
+
+    def lag_seconds(self) -> float:
+        return max(0.0, self.now[0] - self._audio_until(self.next))
+
+    def skip_chunk(self) -> int:
+        if self.next == 0 or not self.ready():
+            return 0
+        self.next += 1
+        self.skipped += 1
+        return 3
+
+    def deadline(self, frame: int) -> float:
+        return self.offset + frame / 25 + PLAYOUT_S
+
+
+def simulate(sessions: list[Timed], now: list[float], cost_s: float, seconds: float, **kw):
+    """Run the engine's policy with every chunk costing ``cost_s`` of clock time."""
+    order: list[str] = []
+
+    def step(batch, pool):
+        now[0] += cost_s * len(batch)
+        for s in batch:
+            order.append(s.name)
+            s.next += 1
+            s.generated += 1
+        return [3] * len(batch)
+
+    engine = Engine(clock=lambda: now[0], step=step, **kw)
+    for s in sessions:
+        # The lag bound of a live call: what still shows part of the chunk (AvatarSession).
+        bound = PLAYOUT_S - cost_s - 1 / 25
+        engine._streams.append(
+            Stream(s, s.deadline, lambda b=bound: b, lambda err: pytest.fail(str(err)))
+        )
+    while now[0] < seconds:
+        if not engine.run_once():
+            now[0] = min(s._audio_until(s.next) for s in sessions)
+    return order
+
+
+def test_the_chunk_due_first_runs_first() -> None:
+    now = [0.45]  # every call's chunk 1 is ready, none is late enough to give it up
+    pipeline = object()
+    # Three calls that joined at different times: their next chunks are due in this order.
+    late, early, middle = (
+        Timed(n, now, pipeline, o) for n, o in (("c", 0.2), ("a", 0.0), ("b", 0.1))
+    )
+    for s in (late, early, middle):
+        s.next = 1
+    order = simulate([late, early, middle], now, 0.001, 0.4535, max_batch=1)
+    # Due at 0.44, 0.54, then a's next chunk (0.56, its audio is there) before c's (0.64).
+    assert order == ["a", "b", "a", "c"]
+
+
+def test_five_calls_on_a_budget_for_three_lose_the_same_share() -> None:
+    now = [0.0]
+    pipeline = object()
+    calls = [Timed(f"c{i}", now, pipeline, 0.013 * i) for i in range(5)]
+    simulate(calls, now, CHUNK_S / 3, 60.0, max_batch=1)
+    total = [s.generated + s.skipped for s in calls]
+    shares = np.array([s.generated / t for s, t in zip(calls, total, strict=True)])
+    # The machine generates three calls' worth: each call gets about 3/5 of its chunks.
+    assert shares.sum() == pytest.approx(3.0, abs=0.1)
+    assert shares.max() - shares.min() <= 0.05, shares
+    assert min(total) >= 490  # every call's timeline kept up with real time (500 chunks)
+
+
+def test_a_batch_of_sessions_makes_the_frames_each_makes_alone(tiny_modules, speech) -> None:
+    config = tiny_config(schedule={"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2})
+    pipeline = build_pipeline(config, tiny_modules)
+    rate = config.audio.sample_rate
+    audio = [speech[: int(1.2 * rate)], np.roll(speech, 7000)[: int(1.2 * rate)]]
+    prompts = ["", "calm, nods a lot"]
+
+    def frames(batched: bool) -> list[np.ndarray]:
+        sinks = [CollectSink(), CollectSink()]
+        sessions = [
+            pipeline.open_session(make_reference(seed=i), prompts[i], [sinks[i]], seed=i)
+            for i in range(2)
+        ]
+        for s, a in zip(sessions, audio, strict=True):
+            s.push_audio(a[: frame_start_sample(20, 25, rate)])
+        steps = 0
+        while sessions[0].ready() or sessions[1].ready():
+            if batched:
+                results = step_sessions(sessions)
+                assert not any(isinstance(r, BaseException) for r in results)
+            else:
+                for s in sessions:
+                    s.step()
+            steps += 1
+        assert steps >= 5
+        for s in sessions:
+            s.close()
+        return [sink.all_frames() for sink in sinks]
+
+    alone, together = frames(batched=False), frames(batched=True)
+    for a, b in zip(alone, together, strict=True):
+        assert a.shape == b.shape and a.shape[0] >= 15
+        np.testing.assert_array_equal(a, b)
