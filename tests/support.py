@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -214,6 +221,64 @@ async def offer_without_candidates() -> str:
         for line in sdp.splitlines()
         if line and not line.startswith(("a=candidate", "a=end-of-candidates"))
     )
+
+
+# -- the real command ------------------------------------------------------------------------------
+
+TALKLOOP = [sys.executable, "-m", "talkloop.pipeline.cli"]  # `talkloop`, from this interpreter
+
+
+@dataclass
+class Serving:
+    """A running `talkloop serve` (see ``serving``)."""
+
+    proc: subprocess.Popen
+    line: str  # its "serving on" line
+    url: str  # the page's URL from that line: scheme://host:port/
+    before: list[str] = field(default_factory=list)  # what it printed before that line
+
+    def stop(self, sig: int | None = signal.SIGTERM, timeout: float = 60) -> tuple[str, str]:
+        """Send ``sig`` (None: it was sent already) and wait for the exit, killed after
+        ``timeout`` seconds (against a hang): the rest of its stdout and its stderr."""
+        if sig is not None:
+            self.proc.send_signal(sig)
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return out, err or ""
+
+
+@contextmanager
+def serving(
+    args: list[str],
+    command: list[str] = TALKLOOP,
+    timeout: float = 180,
+    stderr: int = subprocess.PIPE,
+    **popen,
+) -> Iterator[Serving]:
+    """`talkloop serve ARGS` as a process of its own (stdout and ``stderr`` pipes of text;
+    ``popen``: cwd, env), once it has printed its "serving on" line (``timeout``: seconds against
+    a hang, checked between lines); it is killed on the way out if it still runs."""
+    proc = subprocess.Popen(
+        [*command, "serve", *args], stdout=subprocess.PIPE, stderr=stderr, text=True, **popen
+    )
+    try:
+        before, deadline = [], time.monotonic() + timeout
+        while "serving on" not in (line := proc.stdout.readline()):
+            if (not line and proc.poll() is not None) or time.monotonic() > deadline:
+                proc.kill()
+                _, err = proc.communicate()
+                raise AssertionError(
+                    f"talkloop serve did not start: {''.join([*before, line])!r} {(err or '')[-2000:]}"
+                )
+            before.append(line)
+        yield Serving(proc, line.strip(), re.search(r"https?://\S+/", line).group(0), before)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 # -- manual-clock pacing of avatar sessions (tests/agent) ---------------------------------------

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import io
 import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +18,13 @@ from talkloop.pipeline.cli import main
 from talkloop.pipeline.console import native_stderr_muted, progress_bar
 from talkloop.rtc.client import wait_serving
 
-CLI = [sys.executable, "-m", "talkloop.pipeline.cli"]
+from support import TALKLOOP, serving
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     """The command as a user runs it, stdout and stderr pipes (not a terminal)."""
     return subprocess.run(
-        [*CLI, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+        [*TALKLOOP, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
@@ -170,26 +168,12 @@ def test_a_render_off_a_terminal_prints_one_line(tmp_path: Path) -> None:
 def test_serve_prints_its_url_line_and_nothing_else(tmp_path: Path) -> None:
     """The default model on a free port: the URL line, nothing on stderr until /healthz answers
     (nor after), then "stopped" on SIGTERM."""
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--host", "127.0.0.1", "--port", "0"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        first = proc.stdout.readline()
-        assert first.startswith("talkloop: serving on http://127.0.0.1:"), (
-            first + proc.stderr.read() if proc.poll() is not None else first
-        )
-        url = first.split()[3].rstrip("/")
-        wait_serving(url, proc, 120)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
+    with serving(["--host", "127.0.0.1", "--port", "0"], cwd=tmp_path) as served:
+        # the first line it prints
+        assert served.before == [], served.before
+        assert served.line.startswith("talkloop: serving on http://127.0.0.1:"), served.line
+        wait_serving(served.url.rstrip("/"), served.proc, 120)
+        out, err = served.stop()
+    assert served.proc.returncode == 0, err
     assert err == ""
     assert out == "talkloop: stopped\n"  # after the first line: nothing until stopped

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from PIL import Image
 from talkloop.pipeline.audio.io import write_wav
 from talkloop.pipeline.cli import main
 
-from support import make_reference
+from support import TALKLOOP, make_reference
 
 TINY = [
     "--family",
@@ -201,9 +200,7 @@ def test_interrupted_render_leaves_playable_mp4(files, speech, tmp_path) -> None
     out = tmp_path / "interrupted.mp4"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "talkloop.pipeline.cli",
+            *TALKLOOP,
             "render",
             "--audio",
             str(long_wav),

@@ -29,12 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import warnings
 from pathlib import Path
 
 import pytest
 from test_wheel import REPO, check_mp4, source_copy, wav_seconds
+
+from support import http_get
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -295,11 +296,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(url: str) -> tuple[int, str, bytes]:
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        return reply.status, reply.headers.get("Content-Type", ""), reply.read()
-
-
 def test_serve_healthy_as_non_root(daemon: Daemon, image: str) -> None:
     port = free_port()
     env = ["-e", "TALKLOOP_HOST=127.0.0.1", "-e", f"TALKLOOP_PORT={port}"]
@@ -312,15 +308,15 @@ def test_serve_healthy_as_non_root(daemon: Daemon, image: str) -> None:
             state = json.loads(daemon.docker("inspect", cid).stdout)[0]["State"]
             assert state["Running"], daemon.docker("logs", cid).stderr[-3000:]
             try:
-                if get(f"{base}/healthz")[0] == 200:
+                if http_get(f"{base}/healthz")[0] == 200:
                     break
             except OSError:
                 pass
             assert time.monotonic() < deadline, "the server never answered /healthz (hung?)"
             time.sleep(0.5)
-        status, ctype, body = get(f"{base}/")
+        status, ctype, body = http_get(f"{base}/")
         assert status == 200 and ctype.startswith("text/html") and b'src="app.js"' in body
-        assert get(f"{base}/app.js")[0] == 200
+        assert http_get(f"{base}/app.js")[0] == 200
         assert daemon.docker("exec", cid, "id", "-u").stdout.strip() == "10001"
         uids = daemon.docker("exec", cid, "grep", "^Uid:", "/proc/1/status").stdout.split()[1:]
         assert uids and "0" not in uids, uids  # the server itself, not only `docker exec`

@@ -15,17 +15,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
-import time
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import av
 import pytest
+
+from support import http_get, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -118,16 +117,20 @@ def venv_env(venv: Path) -> dict[str, str]:
     return env
 
 
-def installed_package(venv: Path) -> Path:
-    out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import talkloop; print(talkloop.__file__)"],
+def venv_python(venv: Path, code: str) -> str:
+    """What ``code`` prints, run by the venv's python from the venv's folder."""
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code],
         capture_output=True,
         text=True,
         check=True,
         env=venv_env(venv),
         cwd=venv,
-    ).stdout.strip()
-    return Path(out).parent
+    ).stdout
+
+
+def installed_package(venv: Path) -> Path:
+    return Path(venv_python(venv, "import talkloop; print(talkloop.__file__)").strip()).parent
 
 
 def test_wheel_contents(wheel: Path) -> None:
@@ -166,14 +169,7 @@ def test_installed_package_is_the_wheel(venv: Path) -> None:
         "talkloop.agent; print(talkloop.rtc.server.WEB_DIR); "
         "print(m.distribution('talkloop').locate_file('talkloop/__init__.py'))"
     )
-    out = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", code],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=venv_env(venv),
-        cwd=venv,
-    ).stdout.split()
+    out = venv_python(venv, code).split()
     assert [Path(p).resolve().is_relative_to(venv.resolve()) for p in out] == [True, True], out
 
 
@@ -189,41 +185,17 @@ def test_render_outside_the_repo(venv: Path, tmp_path: Path) -> None:
     check_mp4(tmp_path / "x.mp4", wav_seconds(hello))
 
 
-def get(url: str) -> tuple[int, str, bytes]:
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        return reply.status, reply.headers.get("Content-Type", ""), reply.read()
-
-
 def test_serve_outside_the_repo(venv: Path, tmp_path: Path) -> None:
-    cmd = ["talkloop", "serve", "--host", "127.0.0.1", "--port", "0"]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=venv_env(venv),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line, deadline = "", time.monotonic() + 180
-        while "serving on" not in line and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-        url = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert url, f"no 'serving on' line: {line!r} {proc.stderr.read()[-2000:]}"
-        base = url.group(0)
-        status, ctype, body = get(base)
+    args = ["--host", "127.0.0.1", "--port", "0"]
+    with serving(args, command=["talkloop"], cwd=tmp_path, env=venv_env(venv)) as served:
+        base = served.url
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", base), served.line
+        status, ctype, body = http_get(base)
         assert status == 200 and ctype.startswith("text/html"), (status, ctype)
         assert b"<html" in body and b'src="app.js"' in body
-        status, ctype, body = get(base + "app.js")
+        status, ctype, body = http_get(base + "app.js")
         assert status == 200 and "javascript" in ctype and b"WebSocket" in body, (status, ctype)
-        assert get(base + "healthz")[:1] == (200,)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err[-3000:]
+        assert http_get(base + "healthz")[:1] == (200,)
+        out, err = served.stop()
+    assert served.proc.returncode == 0, err[-3000:]
     assert "talkloop: stopped" in out and "Traceback" not in err, (out, err[-3000:])

@@ -6,47 +6,25 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import websockets
 
-from support import offer_without_candidates
+from support import offer_without_candidates, serving
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_stops_without_a_traceback(sig) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "talkloop.pipeline.cli",
-        "serve",
-        "--family",
-        "studio",
-        "--untrained",
-        "--preset",
-        "tiny",
-    ]
-    cmd += ["--size", "64", "--port", "0"]
+    args = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64", "--port", "0"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        line, deadline = "", time.monotonic() + 120
-        while "serving on" not in line and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-        url = re.search(r"http://([\d.]+:\d+)/", line)
-        assert url, f"no 'serving on' line: {line!r} {proc.stderr.read()[-2000:]}"
+    with serving(args, timeout=120, env=env) as served:
+        proc = served.proc
 
         async def session_then_signal() -> list[str]:
-            async with websockets.connect(f"ws://{url.group(1)}/ws") as ws:
+            async with websockets.connect(served.url.replace("http://", "ws://") + "ws") as ws:
                 assert json.loads(await ws.recv())["type"] == "session"
                 await ws.send(
                     json.dumps({"type": "offer", "sdp": await offer_without_candidates()})
@@ -62,10 +40,7 @@ def test_serve_stops_without_a_traceback(sig) -> None:
                     return got
 
         asyncio.run(session_then_signal())
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        out, err = served.stop(None)
     assert proc.returncode == 0, err[-2000:]
     assert "talkloop: stopped" in out
     assert "Traceback" not in err and "generation failed" not in err, err[-2000:]

@@ -21,14 +21,15 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from talkloop.pipeline.cluster.connect import token_auth_env  # noqa: E402
 from talkloop.rtc.client import run_call, wait_serving  # noqa: E402
 
+from support import TALKLOOP, serving  # noqa: E402
+
 HEAD, WORKER, FRONT = "127.0.0.1", "127.0.0.2", "127.0.0.2"
 GCS_PORT, FRONT_PORT = 6390, 8091
-TALKLOOP = [sys.executable, "-m", "talkloop.pipeline.cli"]
 TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
 TINY += ["--steps", "2", "--backend", "torch"]
 
@@ -67,36 +68,31 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     args = ap.parse_args()
     result: dict = {}
-    front = None
     try:
         talkloop("worker", "--head", "--port", str(GCS_PORT), "--slots", "0", "--num-cpus", "0",
                  "--node-ip-address", HEAD)  # fmt: skip
         talkloop("worker", "--address", f"{HEAD}:{GCS_PORT}", "--slots", "1", "--num-cpus", "1",
                  "--node-ip-address", WORKER)  # fmt: skip
         result["nodes"] = slot_nodes()
-        cmd = [*TALKLOOP, "serve", "--cluster", f"{HEAD}:{GCS_PORT}", "--host", FRONT]
-        cmd += ["--port", str(FRONT_PORT), *TINY]
-        front = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        base = f"http://{FRONT}:{FRONT_PORT}"
-        result["front_ready_s"] = wait_serving(base, front, timeout=120)
-        note("front up; calling")
-        mic = np.zeros(16000 * int(args.seconds + 5), np.float32)
-        call = asyncio.run(run_call(f"ws://{FRONT}:{FRONT_PORT}/ws", args.seconds, mic=mic))
-        result["call"] = {**call.summary(), "video_pts": call.video_pts}
-        result["session"] = call.session
-        result["stats"] = call.stats[-1] if call.stats else {}
-    finally:
-        if front is not None:
-            front.terminate()
+        serve = ["--cluster", f"{HEAD}:{GCS_PORT}", "--host", FRONT, "--port", str(FRONT_PORT)]
+        started = time.monotonic()
+        with serving([*serve, *TINY], cwd=ROOT, stderr=subprocess.STDOUT, timeout=120) as front:
             try:
-                out, _ = front.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                front.kill()
-                out, _ = front.communicate()
-            result["front_rc"] = front.returncode
-            result["front_output"] = out[-3000:]
+                wait_serving(f"http://{FRONT}:{FRONT_PORT}", front.proc, timeout=120)
+                result["front_ready_s"] = time.monotonic() - started
+                note("front up; calling")
+                mic = np.zeros(16000 * int(args.seconds + 5), np.float32)
+                url = f"ws://{FRONT}:{FRONT_PORT}/ws"
+                call = asyncio.run(run_call(url, args.seconds, mic=mic))
+                result["call"] = {**call.summary(), "video_pts": call.video_pts}
+                result["session"] = call.session
+                result["stats"] = call.stats[-1] if call.stats else {}
+            finally:
+                out, _ = front.stop(timeout=30)
+                result["front_rc"] = front.proc.returncode
+                printed = [*front.before, front.line + "\n", out]
+                result["front_output"] = "".join(printed)[-3000:]
+    finally:
         env = {**os.environ, "RAY_ADDRESS": ""}
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"],
                        capture_output=True, timeout=60, env=env)  # fmt: skip

@@ -41,7 +41,7 @@ from talkloop.rtc.client import WavMicrophone  # noqa: E402
 from talkloop.rtc.cluster import ClusterServer  # noqa: E402
 from talkloop.rtc.ice import IceConfig  # noqa: E402
 
-from support import live_config, make_reference, tiny_config  # noqa: E402
+from support import TALKLOOP, live_config, make_reference, tiny_config  # noqa: E402
 
 HOST = "127.0.0.2"  # the pages and the front; Ray's own traffic stays on 127.0.0.1
 NODE = {
@@ -82,16 +82,7 @@ def batch(folder: Path, address: str, speech: np.ndarray) -> dict:
     manifest = folder / "batch.csv"
     manifest.write_text("\n".join(rows) + "\n")
     out = folder / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "talkloop.pipeline.cli",
-        "render-batch",
-        str(manifest),
-        "--out",
-        str(out),
-    ]
-    cmd += ["--cluster", address, *TINY]
+    cmd = [*TALKLOOP, "render-batch", str(manifest), "--out", str(out), "--cluster", address, *TINY]
     runs = []
     for _ in range(2):
         t0 = time.monotonic()

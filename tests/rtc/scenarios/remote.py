@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +21,7 @@ import time
 from pathlib import Path
 
 from common import emit
+from support import serving
 
 SERVER_ADDR, CLIENT_ADDR = "127.1.0.1", "127.1.0.2"
 TOKEN = "another-machine-access-token"
@@ -48,32 +47,13 @@ def link_up(pid: int) -> None:
     sh("nsenter", "-t", str(pid), "-n", "sh", "-c", there)
 
 
-def start_serve(tmp: str) -> tuple[subprocess.Popen, int, str]:
+def serve_args(tmp: str) -> list[str]:
     token_file = Path(tmp) / "token"
     token_file.write_text(TOKEN + "\n")
-    cmd = [
-        sys.executable,
-        "-m",
-        "talkloop.pipeline.cli",
-        "serve",
-        "--family",
-        "studio",
-        "--untrained",
-        "--preset",
-        "tiny",
-    ]
-    cmd += ["--size", "128", "--port", "0", "--host", SERVER_ADDR]  # the veth end only
-    cmd += ["--tls-self-signed", SERVER_ADDR, "--tls-dir", f"{tmp}/tls"]
-    cmd += ["--access-token-file", str(token_file), "--ice-server", "none"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line, deadline = "", time.monotonic() + 120
-    while "serving on" not in line:
-        line = proc.stdout.readline()
-        if (not line and proc.poll() is not None) or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"talkloop serve did not start: {line!r} {proc.stderr.read()}")
-    port = int(re.search(r"https://[\d.]+:(\d+)/", line).group(1))
-    return proc, port, line.strip()
+    args = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "128"]
+    args += ["--port", "0", "--host", SERVER_ADDR]  # the veth end only
+    args += ["--tls-self-signed", SERVER_ADDR, "--tls-dir", f"{tmp}/tls"]
+    return [*args, "--access-token-file", str(token_file), "--ice-server", "none"]
 
 
 def main() -> None:
@@ -81,46 +61,37 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--screenshot", required=True)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        serve, port, serving_line = start_serve(tmp)
-        try:
-            url = f"https://{SERVER_ADDR}:{port}/"
-            page = [sys.executable, str(HERE / "remote_page.py"), "--url", url, "--token", TOKEN]
-            page += ["--seconds", str(args.seconds), "--screenshot", args.screenshot]
-            # The other machine waits for a line on stdin: its end of the link must exist first.
-            other = subprocess.Popen(
-                ["unshare", "-n", "sh", "-c", 'read go && exec "$0" "$@"', *page],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-            own, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + 10
-            while os.readlink(f"/proc/{other.pid}/ns/net") == own:  # until unshare has run
-                if other.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the other machine's namespace did not appear")
-                time.sleep(0.01)
-            link_up(other.pid)
-            out, err = other.communicate("go\n", timeout=120)
-            lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
-            if other.returncode != 0 or not lines:
-                raise RuntimeError(f"the other machine failed ({other.returncode}):\n{out}\n{err}")
-            page_result = json.loads(lines[-1][len("RESULT ") :])
-        finally:
-            serve.send_signal(signal.SIGTERM)
-            try:
-                serve_out, serve_err = serve.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                serve.kill()
-                serve_out, serve_err = serve.communicate()
+    with tempfile.TemporaryDirectory() as tmp, serving(serve_args(tmp), timeout=120) as served:
+        page = [sys.executable, str(HERE / "remote_page.py"), "--url", served.url, "--token", TOKEN]
+        page += ["--seconds", str(args.seconds), "--screenshot", args.screenshot]
+        # The other machine waits for a line on stdin: its end of the link must exist first.
+        other = subprocess.Popen(
+            ["unshare", "-n", "sh", "-c", 'read go && exec "$0" "$@"', *page],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        own, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + 10
+        while os.readlink(f"/proc/{other.pid}/ns/net") == own:  # until unshare has run
+            if other.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the other machine's namespace did not appear")
+            time.sleep(0.01)
+        link_up(other.pid)
+        out, err = other.communicate("go\n", timeout=120)
+        lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
+        if other.returncode != 0 or not lines:
+            raise RuntimeError(f"the other machine failed ({other.returncode}):\n{out}\n{err}")
+        page_result = json.loads(lines[-1][len("RESULT ") :])
+        serve_out, serve_err = served.stop()
     emit(
         {
             **page_result,
-            "serving_line": serving_line,
+            "serving_line": served.line,
             "server_addr": SERVER_ADDR,
             "client_addr": CLIENT_ADDR,
-            "serve_exit": serve.returncode,
+            "serve_exit": served.proc.returncode,
             "serve_err": serve_err[-2000:],
             "serve_out": serve_out[-1000:],
         }
