@@ -54,6 +54,15 @@ def add_live_args(p: argparse.ArgumentParser) -> None:
         help="measure a real WebRTC call instead: glass_to_glass_ms, fps, av_offset_ms",
     )
     p.add_argument("--seconds", type=float, default=60, help="length of the --live call")
+    p.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        metavar="N",
+        help="measure how many live calls at once this machine carries, 1 to N calls of "
+        "--seconds each (clients on the same cores); the figure is cached for "
+        "`talkloop worker --slots auto`",
+    )
     p.add_argument("--playout-delay-ms", type=int, default=None, help="live playout delay")
     p.add_argument(
         "--cycles",
@@ -117,6 +126,8 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     warn_unless_native_size(config)  # here too: the runs' own logs are only shown if they fail
     if args.cycles < 0 or (args.cycles and not args.live):
         raise ConfigError(f"--cycles takes a count of calls with --live, got {args.cycles}")
+    if args.calls is not None:
+        return cmd_bench_calls(args, config)
     if args.live:
         return cmd_bench_live(args, config)
     durations = parse_durations(args.durations)
@@ -169,6 +180,39 @@ NETNS_SETUP = 'ip link set lo up && ip addr add 127.0.0.2/8 dev lo && exec "$0" 
 def can_use_netns() -> bool:
 
     return os.geteuid() == 0 and bool(shutil.which("unshare")) and bool(shutil.which("ip"))
+
+
+def cmd_bench_calls(args: argparse.Namespace, config: TalkloopConfig) -> int:
+    """``talkloop bench --calls N``: the calls per node of the family (bench/calls.py)."""
+    if args.calls < 1:
+        raise ConfigError(f"--calls must be at least 1, got {args.calls}")
+    netns = can_use_netns()
+    spec = {
+        "max_calls": args.calls,
+        "seconds": args.seconds,
+        "family": config.model.family,
+        "out": str(args.out.resolve()),
+        "host": "127.0.0.2" if netns else "127.0.0.1",
+    }
+    print(
+        f"talkloop bench --calls {args.calls}: {args.seconds:g} s calls of the "
+        f"{config.model.family} family, clients on the same cores, in "
+        f"{'a private network namespace' if netns else 'this host' + chr(39) + 's network'}",
+        flush=True,
+    )
+    r = run_worker(spec, module="talkloop.pipeline.bench.calls", netns=netns)
+    for level in r["levels"]:
+        worst = max(c["late_pct"] for c in level["per_call"])
+        skipped = sum(c["skipped_frames"] for c in level["per_call"])
+        print(
+            f"  {level['calls']} call(s): worst {worst} % late or missed, {skipped} frames "
+            f"skipped: {'pass' if level['passed'] else 'FAIL'}"
+        )
+    print(
+        f"calls per node: {r['calls']} ({r['cpu']}, {r['cores']} cores); "
+        f"wrote {args.out / 'calls.json'}"
+    )
+    return 0
 
 
 def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:

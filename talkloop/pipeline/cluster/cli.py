@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from talkloop.pipeline.args import add_model_args, add_video_args, config_from_args
+from talkloop.pipeline.bench.calls import measured_capacity
 from talkloop.pipeline.cluster.batch import TASK_MEMORY_MB, run_batch, write_summary
 from talkloop.pipeline.cluster.connect import (
     CALL_NAMESPACE,
@@ -23,6 +24,7 @@ from talkloop.pipeline.cluster.connect import (
 )
 from talkloop.pipeline.cluster.manifest import read_manifest
 from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.models.spec import DEFAULT_FAMILY, family_names
 
 EXIT_ROWS_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -66,7 +68,19 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         "--head", action="store_true", help="start the head node here instead (--port, --slots)"
     )
     w.add_argument("--port", type=int, default=6379, help="the head's GCS port (with --head)")
-    w.add_argument("--slots", type=int, default=1, help="live calls this node runs at once")
+    w.add_argument(
+        "--slots",
+        type=parse_slots,
+        default=1,
+        help="live calls this node runs at once, or auto: the calls per node `talkloop bench "
+        "--calls N` measured on this CPU for --family",
+    )
+    w.add_argument(
+        "--family",
+        choices=family_names(),
+        default=DEFAULT_FAMILY,
+        help="the family whose measured capacity --slots auto takes",
+    )
     w.add_argument("--num-cpus", type=int, default=None, help="CPUs offered to batch renders")
     w.add_argument(
         "--node-ip-address", default=None, help="this node's address as the others reach it"
@@ -137,6 +151,28 @@ def cmd_render_batch(args: argparse.Namespace) -> int:
 # -- worker ---------------------------------------------------------------------------------------
 
 
+def auto_slots(family: str) -> int:
+    """``--slots auto``: the calls per node ``talkloop bench --calls`` measured on this CPU."""
+    measured = measured_capacity(family)
+    if not measured:
+        raise ConfigError(
+            f"--slots auto: no calls per node measured on this CPU for the {family} family (or "
+            f"it carried none); measure it with `talkloop bench --calls 6 --family {family}` "
+            "(docs/scaling.md), or give --slots N"
+        )
+    return measured
+
+
+def parse_slots(text: str) -> int | str:
+    """``--slots``: a count, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--slots takes a number or auto, got {text!r}") from None
+
+
 def ray_command(*args: str) -> list[str]:
     """The ``ray`` CLI of this Python (the venv's, whatever PATH says)."""
 
@@ -146,6 +182,9 @@ def ray_command(*args: str) -> list[str]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
 
+    if args.slots == "auto":
+        args.slots = auto_slots(args.family)
+        print(f"talkloop worker: {args.slots} slots (calls per node measured here, {args.family})")
     if args.slots < 0:
         raise ConfigError(f"--slots must be 0 or more, got {args.slots}")
     if args.head == bool(args.address):

@@ -1,0 +1,163 @@
+"""Calls per node: how many live calls at once this machine carries (``talkloop bench --calls N``).
+
+For n = 1, 2, ... up to N: ``talkloop serve --max-sessions n`` on the bundled default avatar of
+the family and n scripted calls at once (``talkloop.rtc.client``), each client in its own process
+as a browser would be, but on the same cores as the server (a real node does not spend the
+clients' decoding: the figure is a floor). A level passes when every call has at most 1 % of its
+frame slots late or missed and no chunk was skipped; the first level that fails ends the
+measurement. The largest level that passed is this machine's capacity: printed with the CPU,
+written to ``OUT/calls.json`` and cached for ``talkloop worker --slots auto``
+(``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
+family).
+
+The calls stay on loopback. ICE skips 127.0.0.1, so as root the bench runs them in a private
+network namespace on 127.0.0.2 (``talkloop bench`` starts it, as ``--live`` does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from talkloop.pipeline.backends.cache import cache_dir, key
+from talkloop.pipeline.core.config import cpu_info
+from talkloop.pipeline.core.errors import ConfigError
+from talkloop.rtc.client import wait_serving
+
+LATE_PCT_MAX = 1.0  # a call with more late or missed frame slots than this fails its level
+
+
+def capacity_file(family: str) -> Path:
+    """Where the measured capacity of ``family`` on this CPU is kept."""
+    cpu = cpu_info()
+    return (
+        cache_dir()
+        / f"capacity-{key(cpu.get('model name', ''), cpu.get('flags', ''), family)}.json"
+    )
+
+
+def measured_capacity(family: str) -> int | None:
+    """The calls per node ``talkloop bench --calls`` measured here for ``family`` (None: never)."""
+    try:
+        return int(json.loads(capacity_file(family).read_text())["calls"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def one_call(data: dict) -> dict:
+    """The figures of one client's record (``talkloop.rtc.client`` output)."""
+    stats = data["stats"][-1] if data["stats"] else {}
+    t = data["video_times"]
+    sent = stats.get("frames_sent") or 0
+    overrun = stats.get("overrun_frames") or 0
+    late = stats.get("late_frames") or 0
+    slots = sent + overrun
+    return {
+        "frames_sent": sent,
+        "late_frames": late,
+        "overrun_frames": overrun,
+        "skipped_frames": stats.get("skipped_frames") or 0,
+        "rtf": stats.get("rtf"),
+        # every frame slot of the call that did not show a new frame on time
+        "late_pct": round(100 * (late + overrun) / slots, 2) if slots else 100.0,
+        "arrival_fps": round((len(t) - 1) / (t[-1] - t[0]), 2) if len(t) > 1 else 0.0,
+        "errors": data["errors"],
+    }
+
+
+def passes(level: dict) -> bool:
+    """Every call of the level kept up: <= 1 % late or missed, no skipped chunk, no error."""
+    return all(
+        c["late_pct"] <= LATE_PCT_MAX and not c["skipped_frames"] and not c["errors"]
+        for c in level["per_call"]
+    )
+
+
+def run_level(n: int, seconds: float, family: str, out: Path, host: str) -> dict:
+    """One level: a server with ``n`` slots and ``n`` calls of ``seconds`` at once."""
+    port = 8100 + n
+    cmd = [sys.executable, "-m", "talkloop", "serve", "--host", host, "--port", str(port)]
+    cmd += ["--max-sessions", str(n), "--family", family]
+    with open(out / f"serve-{n}.log", "w") as log:
+        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_serving(f"http://{host}:{port}", server, timeout=300)
+            url = f"ws://{host}:{port}/ws"
+            files = [out / f"call-{n}-{i}.json" for i in range(n)]
+            clients = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "talkloop.rtc.client", url, str(seconds), str(f)]
+                )
+                for f in files
+            ]
+            for c in clients:
+                c.wait(timeout=seconds + 300)
+            calls = [one_call(json.loads(f.read_text())) for f in files]
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    return {"calls": n, "per_call": calls}
+
+
+def measure_calls(
+    max_calls: int, seconds: float, family: str, out: Path, host: str = "127.0.0.2"
+) -> dict:
+    """Levels 1..``max_calls`` until one fails; the result, also written and cached."""
+    if max_calls < 1:
+        raise ConfigError(f"--calls must be at least 1, got {max_calls}")
+    if seconds < 10:
+        raise ConfigError(f"--seconds must be at least 10 for --calls, got {seconds}")
+    out.mkdir(parents=True, exist_ok=True)
+    cpu = cpu_info().get("model name", "unknown CPU")
+    levels = []
+    for n in range(1, max_calls + 1):
+        level = run_level(n, seconds, family, out, host)
+        level["passed"] = passes(level)
+        levels.append(level)
+        for i, c in enumerate(level["per_call"]):
+            print(
+                f"{n} call(s), call {i + 1}: {c['late_pct']} % late or missed "
+                f"({c['late_frames']} late, {c['overrun_frames']} overrun of "
+                f"{c['frames_sent'] + c['overrun_frames']} slots), skipped {c['skipped_frames']}, "
+                f"arrival {c['arrival_fps']} fps, rtf {c['rtf']}, errors {len(c['errors'])}",
+                flush=True,
+            )
+        if not level["passed"]:
+            break
+    capacity = max((lv["calls"] for lv in levels if lv["passed"]), default=0)
+    result = {
+        "calls": capacity,
+        "family": family,
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "seconds": seconds,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "levels": levels,
+    }
+    (out / "calls.json").write_text(json.dumps(result, indent=2) + "\n")
+    cache = capacity_file(family)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({k: v for k, v in result.items() if k != "levels"}) + "\n")
+    print(
+        f"calls per node ({family}, {cpu}, {result['cores']} cores, clients on the same cores): "
+        f"{capacity} with every call <= {LATE_PCT_MAX:g} % late or missed and no skipped chunk"
+    )
+    return result
+
+
+def main(argv: list[str]) -> int:
+    """``python -m talkloop.pipeline.bench.calls SPEC RESULT`` (how ``talkloop bench`` runs it)."""
+    spec = json.loads(Path(argv[0]).read_text())
+    result = measure_calls(
+        spec["max_calls"], spec["seconds"], spec["family"], Path(spec["out"]), spec["host"]
+    )
+    Path(argv[1]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,59 @@
+"""``talkloop bench --calls N``: the calls per node, measured with real calls, cached for
+``talkloop worker --slots auto``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from talkloop.pipeline.bench.calls import capacity_file, measured_capacity, passes
+from talkloop.pipeline.cli import main
+from talkloop.pipeline.cluster.cli import auto_slots
+from talkloop.pipeline.core.errors import ConfigError
+
+
+def _call(late_pct: float = 0.0, skipped: int = 0, errors: tuple = ()) -> dict:
+    return {"late_pct": late_pct, "skipped_frames": skipped, "errors": list(errors)}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("calls", "ok"),
+    [
+        ([_call(0.0), _call(1.0)], True),
+        ([_call(0.0), _call(1.2)], False),  # one call over 1 % fails the level
+        ([_call(0.0, skipped=3)], False),  # a skipped chunk fails it
+        ([_call(0.0, errors=("boom",))], False),
+    ],
+)
+def test_a_level_passes_only_when_every_call_kept_up(calls, ok) -> None:
+    assert passes({"per_call": calls}) is ok
+
+
+@pytest.mark.unit
+def test_slots_auto_takes_the_measured_figure_and_says_how_to_get_one(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match="talkloop bench --calls"):
+        auto_slots("portrait")
+    capacity_file("portrait").write_text(json.dumps({"calls": 3, "family": "portrait"}))
+    assert auto_slots("portrait") == 3 and measured_capacity("studio") is None
+
+
+@pytest.mark.e2e
+def test_bench_calls_measures_real_calls_and_caches_the_figure(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "calls"
+    assert main(["bench", "--calls", "1", "--seconds", "12", "--out", str(out)]) == 0
+    result = json.loads((out / "calls.json").read_text())
+    (level,) = result["levels"]
+    (call,) = level["per_call"]
+    assert call["frames_sent"] >= 200 and call["arrival_fps"] > 20  # a real call ran its 12 s
+    assert result["calls"] == (1 if level["passed"] else 0)
+    assert measured_capacity("portrait") == result["calls"]
+    assert "calls per node:" in capsys.readouterr().out
