@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -221,6 +222,91 @@ async def offer_without_candidates() -> str:
         for line in sdp.splitlines()
         if line and not line.startswith(("a=candidate", "a=end-of-candidates"))
     )
+
+
+# -- a scripted page and agent over a real call (the scenario scripts) ----------------------------
+
+
+async def page_call(url: str, hangup: asyncio.Event, mic: np.ndarray, log: dict) -> None:
+    """A scripted page (aiortc, microphone ``mic`` at 16 kHz): offer, receive video and audio,
+    record frames and messages with arrival times in ``log``, hang up when ``hangup`` is set.
+    Unlike rtc.client.run_call it keeps what it saw when the server ends the call first."""
+    import websockets
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+    from aiortc.mediastreams import MediaStreamError
+
+    from talkloop.rtc.client import WavMicrophone
+
+    log.update(video=[], audio=[], audio_pts=[], audio_rms=[], video_pts=[], msgs=[], session={})
+    pc = RTCPeerConnection()
+    pc.addTrack(WavMicrophone(mic, 16000))
+    pc.addTransceiver("video", direction="recvonly")
+    tasks = []
+
+    async def read(track) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            now = time.monotonic()
+            if track.kind == "video":
+                log["video"].append(now)
+                log["video_pts"].append(int(frame.pts))
+            else:
+                log["audio"].append(now)
+                log["audio_pts"].append(int(frame.pts))
+                log["audio_rate"] = frame.sample_rate
+                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
+                log["audio_rms"].append(float(np.sqrt(np.mean(pcm**2))))
+
+    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(read(track))))
+    try:
+        async with websockets.connect(url, max_size=2**20) as ws:
+            log["connect_at"] = time.monotonic()
+            first = json.loads(await ws.recv())
+            log["msgs"].append([time.monotonic(), first])
+            if first.get("type") != "session":
+                return
+            log["session"] = first
+            await pc.setLocalDescription(await pc.createOffer())
+            log["offer_at"] = time.monotonic()
+            await ws.send(json.dumps({"type": "offer", "sdp": pc.localDescription.sdp}))
+
+            async def receive() -> None:
+                async for raw in ws:
+                    msg = json.loads(raw)
+                    log["msgs"].append([time.monotonic(), msg])
+                    if msg["type"] == "answer":
+                        await pc.setRemoteDescription(RTCSessionDescription(msg["sdp"], "answer"))
+
+            receiver = asyncio.ensure_future(receive())
+            stop = asyncio.ensure_future(hangup.wait())
+            await asyncio.wait([receiver, stop], return_when=asyncio.FIRST_COMPLETED)
+            log["ended_by"] = "page" if stop.done() else "server"
+            stop.cancel()
+            receiver.cancel()
+            with contextlib.suppress(websockets.ConnectionClosed):
+                await ws.send(json.dumps({"type": "bye"}))
+    finally:
+        await pc.close()
+        for t in tasks:
+            t.cancel()
+
+
+async def send_speech(ws, speech: np.ndarray, rate: int, log: dict) -> None:
+    """``speech`` (float, at ``rate``) on an agent's websocket as PCM16 in 20 ms blocks at 4x
+    real time, ahead of playback as a TTS agent sends (examples/agent.py), then segment_end;
+    when it began and ended sending in ``log`` (speech_at, speech_sent_at)."""
+    await ws.send(json.dumps({"type": "audio_format", "sample_rate": rate, "channels": 1}))
+    log["speech_at"] = time.monotonic()
+    block = rate // 50
+    for i in range(0, len(speech), block):
+        pcm = np.clip(speech[i : i + block], -1, 1) * 32767
+        await ws.send(pcm.astype("<i2").tobytes())
+        await asyncio.sleep(0.02 / 4)
+    await ws.send(json.dumps({"type": "segment_end"}))
+    log["speech_sent_at"] = time.monotonic()
 
 
 # -- the real command ------------------------------------------------------------------------------

@@ -23,8 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import websockets
-from aiortc import RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -37,11 +35,17 @@ from talkloop.pipeline.audio.io import load_audio  # noqa: E402
 from talkloop.pipeline.cluster.connect import SLOT  # noqa: E402
 from talkloop.rtc.call import CallConfig  # noqa: E402
 from talkloop.rtc.call_host import HostSpec  # noqa: E402
-from talkloop.rtc.client import WavMicrophone  # noqa: E402
 from talkloop.rtc.cluster import ClusterServer  # noqa: E402
 from talkloop.rtc.ice import IceConfig  # noqa: E402
 
-from support import TALKLOOP, live_config, make_reference, tiny_config  # noqa: E402
+from support import (  # noqa: E402
+    TALKLOOP,
+    live_config,
+    make_reference,
+    page_call,
+    send_speech,
+    tiny_config,
+)
 
 HOST = "127.0.0.2"  # the pages and the front; Ray's own traffic stays on 127.0.0.1
 NODE = {
@@ -105,67 +109,6 @@ def batch(folder: Path, address: str, speech: np.ndarray) -> dict:
 # -- 2. calls ----------------------------------------------------------------------------------------
 
 
-async def page_call(url: str, hangup: asyncio.Event, mic: np.ndarray, log: dict) -> None:
-    """A scripted page: offer, receive video and audio, record messages with arrival times,
-    hang up when ``hangup`` is set. Unlike rtc.client.run_call it keeps what it saw when the
-    server ends the call first."""
-    log.update(video=[], audio=[], audio_pts=[], audio_rms=[], video_pts=[], msgs=[], session={})
-    pc = RTCPeerConnection()
-    pc.addTrack(WavMicrophone(mic, 16000))
-    pc.addTransceiver("video", direction="recvonly")
-    tasks = []
-
-    async def read(track) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            now = time.monotonic()
-            if track.kind == "video":
-                log["video"].append(now)
-                log["video_pts"].append(int(frame.pts))
-            else:
-                log["audio"].append(now)
-                log["audio_pts"].append(int(frame.pts))
-                log["audio_rate"] = frame.sample_rate
-                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
-                log["audio_rms"].append(float(np.sqrt(np.mean(pcm**2))))
-
-    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(read(track))))
-    try:
-        async with websockets.connect(url, max_size=2**20) as ws:
-            log["connect_at"] = time.monotonic()
-            first = json.loads(await ws.recv())
-            log["msgs"].append([time.monotonic(), first])
-            if first.get("type") != "session":
-                return
-            log["session"] = first
-            await pc.setLocalDescription(await pc.createOffer())
-            log["offer_at"] = time.monotonic()
-            await ws.send(json.dumps({"type": "offer", "sdp": pc.localDescription.sdp}))
-
-            async def receive() -> None:
-                async for raw in ws:
-                    msg = json.loads(raw)
-                    log["msgs"].append([time.monotonic(), msg])
-                    if msg["type"] == "answer":
-                        await pc.setRemoteDescription(RTCSessionDescription(msg["sdp"], "answer"))
-
-            receiver = asyncio.ensure_future(receive())
-            stop = asyncio.ensure_future(hangup.wait())
-            await asyncio.wait([receiver, stop], return_when=asyncio.FIRST_COMPLETED)
-            log["ended_by"] = "page" if stop.done() else "server"
-            stop.cancel()
-            receiver.cancel()
-            with contextlib.suppress(websockets.ConnectionClosed):
-                await ws.send(json.dumps({"type": "bye"}))
-    finally:
-        await pc.close()
-        for t in tasks:
-            t.cancel()
-
-
 async def agent(
     url: str, token: str, log: dict, until: asyncio.Event, speech=None, speak=None
 ) -> None:
@@ -182,19 +125,9 @@ async def agent(
         with contextlib.suppress(websockets.ConnectionClosed):
             if speech is not None:
                 await speak.wait()
-                fmt = {"type": "audio_format", "sample_rate": 16000, "channels": 1}
-                await ws.send(json.dumps(fmt))
-                log["speech_at"] = time.monotonic()
-                block = 320  # 20 ms
-                for i in range(0, len(speech), block):
-                    pcm = np.clip(speech[i : i + block], -1, 1) * 32767
-                    await ws.send(pcm.astype("<i2").tobytes())
-                    # 4x real time, ahead of playback as a TTS agent sends (examples/agent.py):
-                    # the relay through the front is one more hop, and a sender paced at
-                    # real time would leave no room for its delays
-                    await asyncio.sleep(0.02 / 4)
-                await ws.send(json.dumps({"type": "segment_end"}))
-                log["speech_sent_at"] = time.monotonic()
+                # the relay through the front is one more hop: a sender paced at real time would
+                # leave no room for its delays
+                await send_speech(ws, speech, 16000, log)
             done = asyncio.ensure_future(until.wait())
             await asyncio.wait([receiver, done], return_when=asyncio.FIRST_COMPLETED)
             done.cancel()

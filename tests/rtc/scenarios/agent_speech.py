@@ -24,77 +24,18 @@ import time
 
 import numpy as np
 import websockets
-from aiortc import RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
 
 from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.audio.io import load_audio
-from talkloop.rtc.client import WavMicrophone
 
 from common import emit, start_server, tiny_live_pipeline
+from support import page_call, send_speech
 
 LOUD_RMS = 0.01
 
 
-async def page_call(url: str, hangup: asyncio.Event, log: dict) -> None:
-    """A scripted page with a silent microphone; records frames and messages with arrival times."""
-    log.update(video=[], video_pts=[], audio=[], audio_pts=[], audio_rms=[], msgs=[], session={})
-    pc = RTCPeerConnection()
-    pc.addTrack(WavMicrophone(np.zeros(16000 * 60, np.float32), 16000))
-    pc.addTransceiver("video", direction="recvonly")
-    tasks = []
-
-    async def read(track) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            now = time.monotonic()
-            if track.kind == "video":
-                log["video"].append(now)
-                log["video_pts"].append(int(frame.pts))
-            else:
-                log["audio"].append(now)
-                log["audio_pts"].append(int(frame.pts))
-                log["audio_rate"] = frame.sample_rate
-                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
-                log["audio_rms"].append(float(np.sqrt(np.mean(pcm**2))))
-
-    pc.on("track", lambda track: tasks.append(asyncio.ensure_future(read(track))))
-    try:
-        async with websockets.connect(url, max_size=2**20) as ws:
-            first = json.loads(await ws.recv())
-            log["msgs"].append([time.monotonic(), first])
-            if first.get("type") != "session":
-                return
-            log["session"] = first
-            await pc.setLocalDescription(await pc.createOffer())
-            await ws.send(json.dumps({"type": "offer", "sdp": pc.localDescription.sdp}))
-
-            async def receive() -> None:
-                async for raw in ws:
-                    msg = json.loads(raw)
-                    log["msgs"].append([time.monotonic(), msg])
-                    if msg["type"] == "answer":
-                        await pc.setRemoteDescription(RTCSessionDescription(msg["sdp"], "answer"))
-
-            receiver = asyncio.ensure_future(receive())
-            stop = asyncio.ensure_future(hangup.wait())
-            await asyncio.wait([receiver, stop], return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            receiver.cancel()
-            with contextlib.suppress(websockets.ConnectionClosed):
-                await ws.send(json.dumps({"type": "bye"}))
-    finally:
-        await pc.close()
-        for t in tasks:
-            t.cancel()
-
-
 async def agent(url: str, token: str, speech: np.ndarray, rate: int, log: dict) -> None:
-    """Sends ``speech`` (PCM16 at ``rate``) at 4x real time, then segment_end; waits for the
-    segment to finish."""
+    """Sends ``speech`` (at ``rate``, support.send_speech); waits for the segment to finish."""
     log.update(msgs=[])
     async with websockets.connect(f"{url}?token={token}&role=agent", max_size=2**20) as ws:
 
@@ -106,15 +47,7 @@ async def agent(url: str, token: str, speech: np.ndarray, rate: int, log: dict) 
                     return
 
         receiver = asyncio.ensure_future(receive())
-        await ws.send(json.dumps({"type": "audio_format", "sample_rate": rate, "channels": 1}))
-        log["speech_at"] = time.monotonic()
-        block = rate // 50  # 20 ms
-        for i in range(0, len(speech), block):
-            pcm = np.clip(speech[i : i + block], -1, 1) * 32767
-            await ws.send(pcm.astype("<i2").tobytes())
-            await asyncio.sleep(0.02 / 4)
-        await ws.send(json.dumps({"type": "segment_end"}))
-        log["speech_sent_at"] = time.monotonic()
+        await send_speech(ws, speech, rate, log)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(receiver, 30)
         receiver.cancel()
@@ -163,7 +96,8 @@ async def main() -> None:
     page: dict = {}
     ag: dict = {}
     hangup = asyncio.Event()
-    t_page = asyncio.ensure_future(page_call(url, hangup, page))
+    silence = np.zeros(16000 * 60, np.float32)  # the page's microphone
+    t_page = asyncio.ensure_future(page_call(url, hangup, silence, page))
     deadline = time.monotonic() + 60
     while not page.get("video"):
         if time.monotonic() > deadline or t_page.done():
