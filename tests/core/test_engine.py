@@ -138,3 +138,30 @@ def test_a_batch_of_sessions_makes_the_frames_each_makes_alone(tiny_modules, spe
     for a, b in zip(alone, together, strict=True):
         assert a.shape == b.shape and a.shape[0] >= 15
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_session_whose_chunk_fails_in_a_batch_fails_alone(tiny_modules, speech) -> None:
+    """The batch fails for one session's input: each runs alone from its state before the batch,
+    the good one publishes what it would have published anyway."""
+    config = tiny_config(schedule={"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2})
+    pipeline = build_pipeline(config, tiny_modules)
+    rate = config.audio.sample_rate
+    audio = speech[: frame_start_sample(8, 25, rate)]
+
+    def run(poison: bool) -> tuple[list, np.ndarray]:
+        sinks = [CollectSink(), CollectSink()]
+        sessions = [pipeline.open_session(make_reference(), "", [k], seed=0) for k in sinks]
+        for s in sessions:
+            s.push_audio(audio)
+        if poison:  # the second session's audio features come out with the wrong width
+            sessions[1]._n_chunk_work = lambda step, s=sessions[1]: {
+                **type(s)._n_chunk_work(s, step),
+                "audio_windows": step.windows[:, :-1],
+            }
+        results = step_sessions(sessions)
+        return results, sinks[0].all_frames()
+
+    (good, _), clean = run(poison=False)
+    (ok, bad), frames = run(poison=True)
+    assert good == ok == 2 and isinstance(bad, BaseException)
+    np.testing.assert_array_equal(frames, clean)

@@ -472,6 +472,7 @@ def step_sessions(
         if any(s.pipeline is not pipeline for s, _ in begun):
             raise ValueError("step_sessions batches sessions of one pipeline only")
         works: list[dict | BaseException]
+        kept = [dict(s.state.fields) for s, _ in begun]  # stages replace fields, never mutate
         try:
             works = list(
                 pipeline.run_phase_batch(
@@ -485,7 +486,8 @@ def step_sessions(
             if len(begun) == 1:
                 raise
             works = []
-            for s, step in begun:  # alone, to find whose input failed
+            for (s, step), fields in zip(begun, kept, strict=True):  # alone: whose input failed?
+                s.state.fields = fields  # as before the failed batch
                 try:
                     work = pipeline.run_phase(
                         "n_chunk", s._n_chunk_work(step), s.state, s.stats.stage_seconds
