@@ -1,7 +1,9 @@
 """Session: one avatar stream's loop over the N/I timeline, its input and its statistics.
 
 Thread model: ``push_audio``/``end_audio``/``set_prompt`` may be called from any thread; the
-``step``/``render``/``run_live`` loop runs on one worker thread.
+``step``/``render``/``run_live`` loop runs on one worker thread (live calls: the process's engine,
+``engine.py``, steps every call's session on its own thread, several at once with
+:func:`step_sessions`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class SessionStats:
     first_frame_at: float | None = None  # perf_counter() when the first frame was published
     first_audio_at: float | None = None  # perf_counter() when the first audio sample arrived
     stage_seconds: dict[str, float] = field(default_factory=dict)  # per stage name, plus "sinks"
-    skipped_frames: int = 0  # live catch-up (run_live with max_lag_s)
+    skipped_frames: int = 0  # live catch-up (skip_chunk: the engine, run_live with max_lag_s)
     chunk_seconds: float | None = None  # recent wall time of one N chunk step (EMA), live budgets
 
     @property
