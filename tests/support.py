@@ -314,6 +314,11 @@ async def send_speech(ws, speech: np.ndarray, rate: int, log: dict) -> None:
 TALKLOOP = [sys.executable, "-m", "talkloop.pipeline.cli"]  # `talkloop`, from this interpreter
 
 
+def tiny_args(size: int = 64) -> list[str]:
+    """The command line's flags for the tiny untrained studio model at ``size`` x ``size``."""
+    return ["--family", "studio", "--untrained", "--preset", "tiny", "--size", str(size)]
+
+
 @dataclass
 class Serving:
     """A running `talkloop serve` (see ``serving``)."""

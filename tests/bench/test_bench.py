@@ -13,6 +13,8 @@ from talkloop.pipeline.bench.memory import MIN_STEADY_S, WARMUP_S, memory_trend
 from talkloop.pipeline.bench.run import machine_info, memory_lines, print_table
 from talkloop.pipeline.cli import main
 
+from support import tiny_args
+
 
 @pytest.mark.e2e
 def test_bench_tiny_writes_json_and_plot(tmp_path: Path, capsys) -> None:
@@ -20,13 +22,7 @@ def test_bench_tiny_writes_json_and_plot(tmp_path: Path, capsys) -> None:
     code = main(
         [
             "bench",
-            "--family",
-            "studio",
-            "--untrained",
-            "--preset",
-            "tiny",
-            "--size",
-            "64",
+            *tiny_args(),
             "--steps",
             "1",
             "--durations",

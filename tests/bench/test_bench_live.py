@@ -9,7 +9,9 @@ import pytest
 
 from talkloop.pipeline.cli import main
 
-TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64", "--steps", "1"]
+from support import tiny_args
+
+TINY = [*tiny_args(), "--steps", "1"]
 
 
 @pytest.mark.e2e

@@ -16,20 +16,9 @@ from PIL import Image
 from talkloop.pipeline.audio.io import write_wav
 from talkloop.pipeline.cli import main
 
-from support import TALKLOOP, make_reference
+from support import TALKLOOP, make_reference, tiny_args
 
-TINY = [
-    "--family",
-    "studio",
-    "--untrained",
-    "--preset",
-    "tiny",
-    "--size",
-    "64",
-    "--steps",
-    "2",
-    "--quiet",
-]
+TINY = [*tiny_args(), "--steps", "2", "--quiet"]
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from talkloop.pipeline.audio.io import write_wav
 from talkloop.pipeline.audio.reader import AudioReader
 from talkloop.pipeline.cli import main
 
-from support import band_share, tone
+from support import band_share, tiny_args, tone
 
 OUT = 48000
-TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64", "--steps", "2"]
+TINY = [*tiny_args(), "--steps", "2"]
 
 
 @pytest.mark.unit

@@ -8,8 +8,10 @@ import pytest
 
 from talkloop.pipeline.cli import main
 
+from support import tiny_args
+
 pytestmark = pytest.mark.unit
-TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
+TINY = tiny_args()
 
 
 def test_bad_playout_delay(capsys) -> None:

@@ -16,11 +16,11 @@ from talkloop.rtc.security import AccessPolicy, check_exposure, normalize_origin
 from talkloop.rtc.server import AvatarServer
 from talkloop.rtc.tls import fingerprint, self_signed, server_context
 
-from support import http_get, make_reference, run, tiny_config, with_server
+from support import http_get, make_reference, run, tiny_args, tiny_config, with_server
 
 pytestmark = pytest.mark.unit
 
-TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
+TINY = tiny_args()
 TOKEN = "0123456789abcdef0123"
 
 

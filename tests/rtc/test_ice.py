@@ -15,11 +15,11 @@ from talkloop.pipeline.core.errors import ConfigError
 from talkloop.rtc.ice import IceConfig, check_ice_url
 from talkloop.rtc.peer import Peer
 
-from support import run, with_server
+from support import run, tiny_args, with_server
 
 pytestmark = pytest.mark.unit
 
-TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
+TINY = tiny_args()
 TURN = "turn:turn.example:3478?transport=udp"
 
 

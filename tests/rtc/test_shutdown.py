@@ -11,14 +11,14 @@ import signal
 import pytest
 import websockets
 
-from support import offer_without_candidates, serving
+from support import offer_without_candidates, serving, tiny_args
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_serve_stops_without_a_traceback(sig) -> None:
-    args = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64", "--port", "0"]
+    args = [*tiny_args(), "--port", "0"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
     with serving(args, timeout=120, env=env) as served:
         proc = served.proc

@@ -26,12 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from talkloop.pipeline.cluster.connect import token_auth_env  # noqa: E402
 from talkloop.rtc.client import run_call, wait_serving  # noqa: E402
 
-from support import TALKLOOP, serving  # noqa: E402
+from support import TALKLOOP, serving, tiny_args  # noqa: E402
 
 HEAD, WORKER, FRONT = "127.0.0.1", "127.0.0.2", "127.0.0.2"
 GCS_PORT, FRONT_PORT = 6390, 8091
-TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
-TINY += ["--steps", "2", "--backend", "torch"]
+TINY = [*tiny_args(), "--steps", "2", "--backend", "torch"]
 
 
 def note(text: str) -> None:

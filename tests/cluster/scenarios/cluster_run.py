@@ -44,6 +44,7 @@ from support import (  # noqa: E402
     make_reference,
     page_call,
     send_speech,
+    tiny_args,
     tiny_config,
 )
 
@@ -53,8 +54,7 @@ NODE = {
     "object_store_memory": 80 * 1024 * 1024,
 }
 SIZE = 64
-TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", str(SIZE)]
-TINY += ["--steps", "2", "--backend", "torch", "--memory-mb", "300", "--quiet"]
+TINY = [*tiny_args(SIZE), "--steps", "2", "--backend", "torch", "--memory-mb", "300", "--quiet"]
 
 
 def note(text: str) -> None:

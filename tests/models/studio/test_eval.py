@@ -11,23 +11,15 @@ from talkloop.pipeline.cli import main
 from talkloop.pipeline.models.studio.evaluate import FIELDS
 from talkloop.pipeline.models.studio.recipe import PHASES
 
+from support import tiny_args
+
 pytestmark = pytest.mark.unit  # ~5 s on an idle 2-core machine
 
 
 def test_eval_writes_every_figure_and_the_contact_sheet(tmp_path: Path) -> None:
     out = tmp_path / "eval"
     args = ["eval", "--out", str(out), "--clips", "1", "--minutes", "0.02", "--quiet"]
-    args += [
-        "--family",
-        "studio",
-        "--untrained",
-        "--preset",
-        "tiny",
-        "--size",
-        "64",
-        "--dtype",
-        "float32",
-    ]
+    args += [*tiny_args(), "--dtype", "float32"]
     assert main(args) == 0
     result = json.loads((out / "eval.json").read_text())
     missing = [f for f in FIELDS if f not in result]

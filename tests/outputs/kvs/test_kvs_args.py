@@ -9,8 +9,10 @@ from talkloop.pipeline.cli import main
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.outputs.kvs.args import kvs_stream_name
 
+from support import tiny_args
+
 pytestmark = pytest.mark.unit
-TINY = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "64"]
+TINY = tiny_args()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.pipeline.outputs.kvs import KvsSink
 from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
-from support import CollectSink, make_reference, tiny_config
+from support import CollectSink, make_reference, tiny_args, tiny_config
 
 pytestmark = pytest.mark.e2e
 
@@ -315,18 +315,7 @@ def test_render_cli_mirrors_and_prints_the_status(aws, speech, tmp_path, capsys)
     wav = tmp_path / "speech.wav"
     write_wav(wav, speech[: int(16000 * SECONDS)], 16000)
     out = tmp_path / "out.mp4"
-    tiny = [
-        "--family",
-        "studio",
-        "--untrained",
-        "--preset",
-        "tiny",
-        "--size",
-        "64",
-        "--steps",
-        "2",
-        "--quiet",
-    ]
+    tiny = [*tiny_args(), "--steps", "2", "--quiet"]
     with FakeKvs(ACCESS_KEY, SECRET_KEY) as kvs:
         code = main(
             ["render", "--audio", str(wav), "--out", str(out), *tiny]

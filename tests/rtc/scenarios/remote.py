@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from common import emit
-from support import serving
+from support import serving, tiny_args
 
 SERVER_ADDR, CLIENT_ADDR = "127.1.0.1", "127.1.0.2"
 TOKEN = "another-machine-access-token"
@@ -50,8 +50,7 @@ def link_up(pid: int) -> None:
 def serve_args(tmp: str) -> list[str]:
     token_file = Path(tmp) / "token"
     token_file.write_text(TOKEN + "\n")
-    args = ["--family", "studio", "--untrained", "--preset", "tiny", "--size", "128"]
-    args += ["--port", "0", "--host", SERVER_ADDR]  # the veth end only
+    args = [*tiny_args(128), "--port", "0", "--host", SERVER_ADDR]  # the veth end only
     args += ["--tls-self-signed", SERVER_ADDR, "--tls-dir", f"{tmp}/tls"]
     return [*args, "--access-token-file", str(token_file), "--ice-server", "none"]
 
