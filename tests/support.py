@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,6 +85,67 @@ def psnr(a, b, peak: float = 255.0) -> float:
     figure for a whole clip, not a mean of per-frame figures); ``peak``: the signal's range."""
     mse = float(np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2))
     return float(10 * np.log10(peak**2 / max(mse, 1e-12)))
+
+
+# -- offline and streaming renders of a pipeline (tests/core, tests/models) ----------------------
+
+
+def blocks(samples: np.ndarray, size: int):
+    """``samples`` in consecutive pieces of ``size`` (the last one shorter)."""
+    for i in range(0, samples.shape[0], size):
+        yield samples[i : i + size]
+
+
+def feed_live(session, audio: np.ndarray, packet: int = 320) -> None:
+    """Run ``session`` live with ``audio`` pushed in packets (320: 20 ms at 16 kHz) from another
+    thread while ``run_live`` generates, as a call feeds it."""
+
+    def feed() -> None:
+        for p in blocks(audio, packet):
+            session.push_audio(p)
+        session.end_audio()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    session.run_live()
+    feeder.join()
+
+
+def render_batch(pipeline, audio: np.ndarray, reference=None, **kw) -> CollectSink:
+    """All of ``audio`` at once through a session on ``reference`` (default: make_reference())."""
+    sink = CollectSink()
+    ref = make_reference() if reference is None else reference
+    pipeline.open_session(ref, sinks=[sink], **kw).render([audio])
+    return sink
+
+
+def render_streaming(pipeline, audio: np.ndarray, reference=None, packet: int = 320):
+    """``audio`` through a live session (feed_live) on ``reference`` (default: make_reference())."""
+    sink = CollectSink()
+    ref = make_reference() if reference is None else reference
+    feed_live(pipeline.open_session(ref, sinks=[sink]), audio, packet)
+    return sink
+
+
+def memory_reports(pipeline, reference, speech: np.ndarray, at: tuple[int, ...]):
+    """The session's ``state.memory_report()`` as chunk k of each k in ``at`` is published,
+    rendering tiled ``speech`` for enough frames (first chunk, then N chunks of n_len at 25 fps,
+    16 kHz); returns the reports by chunk and how many chunks the session ran."""
+    from talkloop.pipeline.core.clock import frame_start_sample
+
+    reports: dict[int, dict] = {}
+
+    class Probe(CollectSink):
+        def write(self, video, audio) -> None:
+            chunk = session.stats.chunks + 1
+            if chunk in at:
+                reports[chunk] = session.state.memory_report()
+
+    schedule = pipeline.config.schedule
+    frames = schedule.first_len + max(at) * schedule.n_len
+    session = pipeline.open_session(reference, sinks=[Probe()])
+    session.render(blocks(np.resize(speech, frame_start_sample(frames, 25, 16000)), 640))
+    return reports, session.stats.chunks
 
 
 def make_reference(width: int = 64, height: int = 64, seed: int = 0) -> np.ndarray:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
@@ -15,40 +13,19 @@ from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.stage import Stage, StageContext
 from talkloop.pipeline.models.registry import build_pipeline, family_phases
 
-from support import CollectSink, make_reference, tiny_config
+from support import (
+    CollectSink,
+    blocks,
+    make_reference,
+    memory_reports,
+    render_batch,
+    render_streaming,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.unit
 
 RATE = 16000
-
-
-def blocks(samples: np.ndarray, size: int):
-    for i in range(0, samples.shape[0], size):
-        yield samples[i : i + size]
-
-
-def render_batch(pipeline: Pipeline, audio: np.ndarray, **kw) -> CollectSink:
-    sink = CollectSink()
-    session = pipeline.open_session(make_reference(), sinks=[sink], **kw)
-    session.render([audio])
-    return sink
-
-
-def render_streaming(pipeline: Pipeline, audio: np.ndarray, packet: int = 320) -> CollectSink:
-    """Audio pushed in 20 ms packets from another thread while the worker generates."""
-    sink = CollectSink()
-    session = pipeline.open_session(make_reference(), sinks=[sink])
-
-    def feed() -> None:
-        for p in blocks(audio, packet):
-            session.push_audio(p)
-        session.end_audio()
-
-    feeder = threading.Thread(target=feed)
-    feeder.start()
-    session.run_live()
-    feeder.join()
-    return sink
 
 
 # -- graph checks ---------------------------------------------------------------------------------
@@ -160,20 +137,8 @@ def test_session_state_size_is_constant(tiny_modules, speech) -> None:
     """Rolling memory: the state after chunk 20 and after chunk 400 holds the same tensors."""
     config = tiny_config(schedule={"first_len": 2, "n_len": 3, "i_len": 1, "ctx_len": 1})
     pipeline = build_pipeline(config, tiny_modules)
-    reports: dict[int, dict] = {}
-
-    class Probe(CollectSink):
-        def write(self, video, audio) -> None:
-            chunk = session.stats.chunks + 1
-            if chunk in (20, 400):
-                reports[chunk] = session.state.memory_report()
-
-    session = pipeline.open_session(make_reference(), sinks=[Probe()])
-    frames = 2 + 400 * 3
-    total = frame_start_sample(frames, 25, RATE)
-    looped = np.resize(speech, total)  # tiled speech
-    session.render(blocks(looped, 640))
-    assert session.stats.chunks >= 400
+    reports, chunks = memory_reports(pipeline, make_reference(), speech, (20, 400))
+    assert chunks >= 400
     assert set(reports) == {20, 400}
     assert reports[20] == reports[400]
     assert set(reports[400]) == {

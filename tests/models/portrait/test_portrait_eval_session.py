@@ -14,8 +14,6 @@ with them added.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -28,6 +26,8 @@ from talkloop.pipeline.models.portrait.blinks import blink_track
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.render import PortraitRenderer
 from talkloop.pipeline.models.registry import build_pipeline
+
+from support import feed_live
 
 pytestmark = pytest.mark.unit  # ~40 s: the shipped (small) nets, seconds of speech, 1-clip eval
 
@@ -91,16 +91,7 @@ def shipped_params(
     try:
         session = pipeline.open_session(registry.load_reference(config, None), PROMPT)
         if live:
-
-            def feed() -> None:
-                for i in range(0, len(audio), 320):
-                    session.push_audio(audio[i : i + 320])
-                session.end_audio()
-
-            feeder = threading.Thread(target=feed)
-            feeder.start()
-            session.run_live()
-            feeder.join()
+            feed_live(session, audio)
         else:
             session.render([audio])
     finally:

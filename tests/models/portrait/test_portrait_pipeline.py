@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
@@ -12,7 +10,7 @@ from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
 
-from support import CollectSink, liven, tiny_config
+from support import liven, memory_reports, render_batch, render_streaming, tiny_config
 
 pytestmark = pytest.mark.unit
 
@@ -45,37 +43,14 @@ def reference() -> np.ndarray:
     return load_reference(portrait_config(), None)
 
 
-def render_batch(pipeline: Pipeline, reference: np.ndarray, audio: np.ndarray) -> CollectSink:
-    sink = CollectSink()
-    pipeline.open_session(reference, sinks=[sink]).render([audio])
-    return sink
-
-
-def render_streaming(pipeline: Pipeline, reference: np.ndarray, audio: np.ndarray) -> CollectSink:
-    """Audio pushed in 20 ms packets from another thread while the worker generates."""
-    sink = CollectSink()
-    session = pipeline.open_session(reference, sinks=[sink])
-
-    def feed() -> None:
-        for i in range(0, audio.shape[0], 320):
-            session.push_audio(audio[i : i + 320])
-        session.end_audio()
-
-    feeder = threading.Thread(target=feed)
-    feeder.start()
-    session.run_live()
-    feeder.join()
-    return sink
-
-
 def test_the_default_portrait_is_framed_to_the_video_size(reference) -> None:
     assert reference.shape == (SIZE, SIZE, 3) and reference.dtype == np.uint8
 
 
 def test_streaming_and_batch_give_bit_identical_frames(pipeline, reference, speech) -> None:
     audio = speech[: int(2.3 * RATE)]
-    batch = render_batch(pipeline, reference, audio)
-    stream = render_streaming(pipeline, reference, audio)
+    batch = render_batch(pipeline, audio, reference)
+    stream = render_streaming(pipeline, audio, reference)
     a, b = batch.all_frames(), stream.all_frames()
     assert a.shape == b.shape == (frames_for_samples(audio.shape[0], 25, RATE), SIZE, SIZE, 3)
     assert np.array_equal(a, b)
@@ -85,7 +60,7 @@ def test_streaming_and_batch_give_bit_identical_frames(pipeline, reference, spee
 
 def test_every_sample_published_once_in_display_order(pipeline, reference, speech) -> None:
     audio = speech[: int(1.37 * RATE)]
-    sink = render_batch(pipeline, reference, audio)
+    sink = render_batch(pipeline, audio, reference)
     assert sink.all_frames().shape[0] == frames_for_samples(audio.shape[0], 25, RATE)
     expected_first = np.cumsum([0] + [f.shape[0] for f in sink.frames[:-1]]).tolist()
     assert sink.first_indices == expected_first
@@ -99,17 +74,7 @@ def test_session_state_size_is_constant(modules, reference, speech) -> None:
     """Rolling memory: the state after chunk 20 and after chunk 150 holds the same tensors."""
     config = portrait_config(schedule={"first_len": 2, "n_len": 3, "i_len": 1, "ctx_len": 1})
     pipeline = build_pipeline(config, modules)
-    reports: dict[int, dict] = {}
-
-    class Probe(CollectSink):
-        def write(self, video, audio) -> None:
-            chunk = session.stats.chunks + 1
-            if chunk in (20, 150):
-                reports[chunk] = session.state.memory_report()
-
-    session = pipeline.open_session(reference, sinks=[Probe()])
-    looped = np.resize(speech, frame_start_sample(2 + 150 * 3, 25, RATE))  # tiled speech
-    session.render(looped[i : i + 640] for i in range(0, looped.shape[0], 640))
+    reports, _ = memory_reports(pipeline, reference, speech, (20, 150))
     assert set(reports) == {20, 150}
     assert reports[20] == reports[150]
     assert {"a2v_reference", "context_latents", "context_audio", "audio"} <= set(reports[150])
