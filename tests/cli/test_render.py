@@ -39,6 +39,11 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err.strip()
 
 
+def render_args(wav: Path, ref: Path, out: Path, *more: str) -> list[str]:
+    """`talkloop render`'s arguments: ``wav`` on ``ref`` into ``out``, the tiny model."""
+    return ["--audio", str(wav), "--reference", str(ref), "--out", str(out), *more, *TINY]
+
+
 BAD_CASES = [
     ("missing audio", lambda f: ["--audio", str(f["dir"] / "nope.wav")], "audio file not found"),
     ("audio is text", lambda f: ["--audio", str(f["text"])], "not a readable audio"),
@@ -97,18 +102,7 @@ def test_unwritable_output_directory(files, capsys) -> None:
             (files["dir"] / "afile").write_text("x")
         else:
             target = locked / "out.mp4"
-        code, err = run_cli(
-            [
-                "--audio",
-                str(files["wav"]),
-                "--reference",
-                str(files["ref"]),
-                "--out",
-                str(target),
-                *TINY,
-            ],
-            capsys,
-        )
+        code, err = run_cli(render_args(files["wav"], files["ref"], target), capsys)
     finally:
         locked.chmod(0o700)
     assert code == 2 and "output directory" in err
@@ -157,20 +151,7 @@ def probe(path: Path) -> dict:
 @pytest.mark.parametrize("fps", [25, 30])
 def test_render_mp4_durations_match_audio(files, capsys, fps) -> None:
     out = files["dir"] / f"out{fps}.mp4"
-    code, err = run_cli(
-        [
-            "--audio",
-            str(files["wav"]),
-            "--reference",
-            str(files["ref"]),
-            "--out",
-            str(out),
-            "--fps",
-            str(fps),
-            *TINY,
-        ],
-        capsys,
-    )
+    code, err = run_cli(render_args(files["wav"], files["ref"], out, "--fps", str(fps)), capsys)
     assert code == 0, err
     info = probe(out)
     duration = 2.0
@@ -188,17 +169,7 @@ def test_interrupted_render_leaves_playable_mp4(files, speech, tmp_path) -> None
     write_wav(long_wav, np.resize(speech, 16000 * 60), 16000)
     out = tmp_path / "interrupted.mp4"
     proc = subprocess.Popen(
-        [
-            *TALKLOOP,
-            "render",
-            "--audio",
-            str(long_wav),
-            "--reference",
-            str(files["ref"]),
-            "--out",
-            str(out),
-            *TINY,
-        ],
+        [*TALKLOOP, "render", *render_args(long_wav, files["ref"], out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
