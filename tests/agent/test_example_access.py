@@ -4,10 +4,8 @@ certificate: --access-token and --tls-ca get it in; without the token it is refu
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import ssl
-from pathlib import Path
 
 import pytest
 import websockets
@@ -20,16 +18,7 @@ from support import drain, run, with_server
 
 pytestmark = pytest.mark.unit
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent.py"
 TOKEN = "agents-need-this-token-too"
-
-
-@pytest.fixture(scope="module")
-def example():
-    spec = importlib.util.spec_from_file_location("talkloop_example_agent_access", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_access_token_and_ca_flags(example, tmp_path, capsys) -> None:

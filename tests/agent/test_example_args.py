@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
 from talkloop.rtc.server import session_token
 
 pytestmark = pytest.mark.unit
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent.py"
-
-
-@pytest.fixture(scope="module")
-def example():
-    spec = importlib.util.spec_from_file_location("talkloop_example_agent", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_session_tokens_never_start_with_a_dash_nor_need_quoting() -> None:
