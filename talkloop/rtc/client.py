@@ -82,6 +82,9 @@ class CallResult:
     audio_times: list[float] = field(default_factory=list)  # arrival per audio frame
     audio_pts: list[int] = field(default_factory=list)
     audio_rms: list[float] = field(default_factory=list)
+    # per audio frame, the level of MARKER_HZ (a tone no 16 kHz voice carries: the bench's agent
+    # marks its replies with it, so their arrival is told apart from the echoed microphone)
+    audio_marker: list[float] = field(default_factory=list)
     audio_rate: int = 48000
     codec: str = ""
     frames: list[np.ndarray] = field(default_factory=list)  # a few sample frames
@@ -159,8 +162,11 @@ async def run_call(
             result.audio_rate = frame.sample_rate
             pcm = pcm16_to_float(frame.to_ndarray())
             result.audio_rms.append(float(np.sqrt(np.mean(pcm**2))))
+            channels = len(frame.layout.channels)
+            result.audio_marker.append(
+                marker_level(pcm.reshape(-1, channels)[:, 0], frame.sample_rate)
+            )
             if keep_audio:  # s16 packed: (1, samples * channels), channels interleaved
-                channels = len(frame.layout.channels)
                 result.audio.append(pcm.reshape(-1, channels).mean(axis=1, dtype=np.float32))
 
     @pc.on("track")
@@ -227,6 +233,19 @@ def wait_serving(base_url: str, server: subprocess.Popen, timeout: float) -> flo
         except OSError:
             time.sleep(0.3)
     raise RuntimeError(f"talkloop serve did not answer {base_url} within {timeout:g} s")
+
+
+MARKER_HZ = 10000.0
+
+
+def marker_level(samples: np.ndarray, rate: int) -> float:
+    """The amplitude of a ``MARKER_HZ`` sine in ``samples`` (its DFT bin, Hann window)."""
+    n = samples.shape[0]
+    if n == 0 or rate < 2 * MARKER_HZ:
+        return 0.0
+    window = np.hanning(n)
+    phase = np.exp(-2j * np.pi * MARKER_HZ * np.arange(n) / rate)
+    return float(2 * abs(np.sum(samples * window * phase)) / window.sum())
 
 
 def negotiated_video_codec(sdp: str) -> str:

@@ -16,7 +16,7 @@ TINY = [*tiny_args(), "--steps", "1"]
 
 @pytest.mark.e2e
 def test_live_call_reports_latency_sync_and_memory(tmp_path: Path, capsys) -> None:
-    code = main(["bench", *TINY, "--live", "--seconds", "4", "--out", str(tmp_path)])
+    code = main(["bench", *TINY, "--live", "--seconds", "6", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr()
     r = json.loads((tmp_path / "live.json").read_text())
     assert r["errors"] == []
@@ -25,13 +25,17 @@ def test_live_call_reports_latency_sync_and_memory(tmp_path: Path, capsys) -> No
     assert r["frames_sent"] > 0  # from the last stats message (once a second)
     assert set(r["glass_to_glass_ms"]) == {"p50", "p95", "max", "samples", "unreadable"}
     assert r["av_offset_ms"]["end"] is not None
+    # The call's agent spoke a reply, and its first sound reached the client.
+    replies = r["reply_latency_ms"]
+    assert replies["sent"] >= 1 and replies["n"] == replies["sent"] and replies["p50"] > 0
     assert len(r["late_timeline"]) >= 2 and r["memory"] and r["peak_rss_mb"] > 50
     # where the server's generation time went, as the offline bench reports it
     stages = r["stage_rtf"]
     assert "publish/decode" in stages and "n_chunk/a2v" in stages, stages
     assert all(v >= 0 for v in stages.values())
     assert sum(stages.values()) <= r["rtf"] * 1.01 + 0.005  # both rounded to 3 decimals
-    assert "where the time goes (4 s call" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "where the time goes (6 s call" in out and "reply_latency_ms p50" in out
 
 
 @pytest.mark.e2e

@@ -2,13 +2,19 @@
 
 The server stamps into every frame the wall-clock time at which that frame's audio reached the
 peer; the client reads the stamp when it has decoded the frame, so ``glass_to_glass_ms`` covers
-microphone audio in -> generated -> encoded -> sent -> received -> decoded. Runs in its own
-process; as root with `unshare` available it runs in a private network namespace (loopback only).
+microphone audio in -> generated -> encoded -> sent -> received -> decoded.
+
+An agent joins the call (the websocket agent protocol) and speaks ``REPLIES`` replies with pauses
+between them, each sent at ``REPLY_SPEEDUP`` times real time as a streaming TTS sends it:
+``reply_latency_ms`` is, per reply, from its first byte leaving the agent (loopback: reaching the
+server) to its first audible sample arriving at the client. Runs in its own process; as root with
+`unshare` available it runs in a private network namespace (loopback only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import sys
@@ -19,13 +25,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import websockets
 
+from talkloop.pipeline.assets import HELLO_WAV
+from talkloop.pipeline.audio.io import load_audio
+from talkloop.pipeline.audio.pcm import float_to_pcm16
 from talkloop.pipeline.bench.memory import memory_trend
 from talkloop.pipeline.bench.worker import bench_reference, rss_mb
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.call import CallConfig
-from talkloop.rtc.client import CallResult
+from talkloop.rtc.client import MARKER_HZ, CallResult
 from talkloop.rtc.server import AvatarServer
 
 if TYPE_CHECKING:
@@ -33,6 +43,12 @@ if TYPE_CHECKING:
     from talkloop.rtc.server import AvatarServer
 
 HOST_IN_NETNS = "127.0.0.2"
+REPLIES = 10
+REPLY_S = 1.5  # each reply: this much speech from the bundled voice
+REPLY_EVERY_S = 5.0  # a reply starts this often (the rest is the pause after it)
+REPLY_SPEEDUP = 2.0
+AGENT_RATE = 24000  # what voice agents' TTS sends (OpenAI Realtime)
+MARKER_AMP = 0.05  # each reply carries a faint MARKER_HZ tone (the model's 16 kHz never sees it)
 
 
 async def measure(spec: dict) -> dict:
@@ -61,8 +77,13 @@ async def measure(spec: dict) -> dict:
             await server.stop()
     sampler = threading.Thread(target=sample_memory, daemon=True)
     sampler.start()
+    replies: list[float] = []
+    agent = asyncio.ensure_future(agent_replies(server, url, seconds, replies))
     result = await client_call(url, seconds)
     stop.set()
+    agent.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await agent
     await server.stop()
     warm = int(config.video.fps * 2)  # the first two seconds include connection set-up
     g2g = (
@@ -77,8 +98,16 @@ async def measure(spec: dict) -> dict:
     ]
     last = result.stats[-1] if result.stats else {}
     mem = np.array(memory)
+    reply_ms = reply_latencies(replies, result)
     return {
         "seconds": seconds,
+        "reply_latency_ms": {
+            "p50": float(np.percentile(reply_ms, 50)) if reply_ms.size else None,
+            "p95": float(np.percentile(reply_ms, 95)) if reply_ms.size else None,
+            "n": int(reply_ms.size),
+            "sent": len(replies),
+            "speedup": REPLY_SPEEDUP,
+        },
         "video_frames": len(result.video_times),
         "fps": result.summary()["fps"],
         "codec": result.codec,
@@ -118,6 +147,46 @@ async def measure(spec: dict) -> dict:
         "memory": memory,
         "errors": result.errors,
     }
+
+
+async def agent_replies(server: AvatarServer, url: str, seconds: float, sent: list[float]) -> None:
+    """The call's agent: ``REPLIES`` replies, the first byte of each stamped into ``sent``."""
+    speech = load_audio(HELLO_WAV, AGENT_RATE)
+    start = int(np.argmax(np.abs(speech) > 0.05))  # from its first audible sample on
+    reply = speech[start : start + int(REPLY_S * AGENT_RATE)]
+    reply = reply + MARKER_AMP * np.sin(2 * np.pi * MARKER_HZ * np.arange(len(reply)) / AGENT_RATE)
+    while not server.calls:  # the client's call: its token
+        await asyncio.sleep(0.05)
+    token = next(iter(server.calls))
+    async with websockets.connect(f"{url}?token={token}&role=agent") as ws:
+        await ws.recv()  # the hello
+        await ws.send(
+            json.dumps({"type": "audio_format", "sample_rate": AGENT_RATE, "channels": 1})
+        )
+        t0 = time.monotonic()
+        block = AGENT_RATE // 50  # 20 ms
+        for i in range(REPLIES):
+            at = t0 + 1.0 + REPLY_EVERY_S * i
+            if at + REPLY_S + 1.5 > t0 + seconds:
+                break  # no room left for this reply and its playout
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            sent.append(time.monotonic())
+            for j in range(0, len(reply), block):
+                await ws.send(float_to_pcm16(reply[j : j + block]).tobytes())
+                await asyncio.sleep(0.02 / REPLY_SPEEDUP)
+            await ws.send(json.dumps({"type": "segment_end"}))
+
+
+def reply_latencies(sent: list[float], result: CallResult) -> np.ndarray:
+    """Per reply: ms from its first byte to the first output frame after it that carries the
+    reply's marker tone (the echoed microphone has none: it is 16 kHz speech)."""
+    times, marker = np.array(result.audio_times), np.array(result.audio_marker)
+    out = []
+    for at in sent:
+        after = np.flatnonzero((times >= at) & (marker > MARKER_AMP / 2))
+        if after.size:
+            out.append(1000 * (times[after[0]] - at))
+    return np.array(out)
 
 
 async def client_call(url: str, seconds: float) -> CallResult:

@@ -260,6 +260,11 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         f"glass_to_glass_ms p50 {_fmt(g['p50'])}  p95 {_fmt(g['p95'])}  max {_fmt(g['max'])} "
         f"({g['samples']} frames)"
     )
+    rl = r["reply_latency_ms"]
+    print(
+        f"reply_latency_ms p50 {_fmt(rl['p50'])}  p95 {_fmt(rl['p95'])} ({rl['n']} of "
+        f"{rl['sent']} agent replies, sent at {rl['speedup']:g}x real time)"
+    )
     if r.get("runtime"):
         rt = r["runtime"]
         print(f"runtime: backend={rt['backend']} dtype={rt['dtype']} int8={rt['int8'] or 'none'}")
