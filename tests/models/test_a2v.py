@@ -52,6 +52,12 @@ PATTERNS = {
 }
 
 
+def _pattern(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """PATTERNS[name]'s given-frame mask and positions, for every batch row."""
+    mask, pos = PATTERNS[name]
+    return mask.expand(B, F), pos.expand(B, F)
+
+
 def test_forward_shape_and_untrained_output_is_zero(tiny) -> None:
     net = _model(tiny, live=False)
     x, ref, audio, text = _inputs(tiny)
@@ -64,8 +70,7 @@ def test_forward_shape_and_untrained_output_is_zero(tiny) -> None:
 @pytest.mark.parametrize("pattern", list(PATTERNS))
 def test_sampler_keeps_given_frames_and_is_deterministic(tiny, pattern: str) -> None:
     net = _model(tiny)
-    mask, pos = PATTERNS[pattern]
-    mask, pos = mask.expand(B, F), pos.expand(B, F)
+    mask, pos = _pattern(pattern)
     x, ref, audio, text = _inputs(tiny)
     noise = torch.randn(B, F, C, H, W, generator=torch.Generator().manual_seed(1))
     out = euler_sample(net, x, mask, pos, ref, audio, text, noise, steps=3, shift=2.0)
@@ -80,8 +85,7 @@ def test_sampler_keeps_given_frames_and_is_deterministic(tiny, pattern: str) -> 
 
 def test_sampler_under_bf16_autocast_keeps_given_frames(tiny) -> None:
     net = _model(tiny)
-    mask, pos = PATTERNS["continuation"]
-    mask, pos = mask.expand(B, F), pos.expand(B, F)
+    mask, pos = _pattern("continuation")
     x, ref, audio, text = _inputs(tiny)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = euler_sample(net, x, mask, pos, ref, audio, text, torch.randn_like(x), steps=2)
@@ -91,8 +95,7 @@ def test_sampler_under_bf16_autocast_keeps_given_frames(tiny) -> None:
 
 def test_audio_changes_the_output(tiny) -> None:
     net = _model(tiny)
-    mask, pos = PATTERNS["first"]
-    mask, pos = mask.expand(B, F), pos.expand(B, F)
+    mask, pos = _pattern("first")
     x, ref, audio, text = _inputs(tiny)
     noise = torch.randn_like(x)
     a = euler_sample(net, x, mask, pos, ref, audio, text, noise, steps=2)
@@ -122,8 +125,7 @@ def test_audio_attention_is_banded(tiny) -> None:
 
 def test_audio_guidance_runs_and_matters(tiny) -> None:
     net = _model(tiny)
-    mask, pos = PATTERNS["continuation"]
-    mask, pos = mask.expand(B, F), pos.expand(B, F)
+    mask, pos = _pattern("continuation")
     x, ref, audio, text = _inputs(tiny)
     noise = torch.randn_like(x)
     plain = euler_sample(net, x, mask, pos, ref, audio, text, noise, steps=2)
@@ -183,8 +185,7 @@ def test_bad_shapes_are_rejected(tiny) -> None:
 @pytest.mark.parametrize("pattern", list(PATTERNS))
 def test_loss_is_finite_and_trains(tiny, pattern: str) -> None:
     net = _model(tiny, live=False).train()
-    mask, pos = PATTERNS[pattern]
-    mask, pos = mask.expand(B, F), pos.expand(B, F)
+    mask, pos = _pattern(pattern)
     x, ref, audio, text = _inputs(tiny)
     g = torch.Generator().manual_seed(7)  # not _inputs' seed: eps must differ from x0
     loss = flow_matching_loss(
@@ -199,8 +200,7 @@ def test_loss_is_finite_and_trains(tiny, pattern: str) -> None:
 
 def test_loss_ignores_given_frames(tiny) -> None:
     net = _model(tiny)
-    mask, pos = PATTERNS["continuation"]
-    mask, pos = mask.expand(B, F), pos.expand(B, F)
+    mask, pos = _pattern("continuation")
     x, ref, audio, text = _inputs(tiny)
     loss = flow_matching_loss(net, x, mask, pos, ref, audio, text, torch.Generator().manual_seed(7))
     # With every frame given there is nothing to generate, so nothing may enter the loss.
@@ -214,8 +214,7 @@ def test_loss_ignores_given_frames(tiny) -> None:
 
 def test_loss_weight_is_a_weighted_mean_over_positions(tiny) -> None:
     net = _model(tiny)
-    mask, pos = PATTERNS["continuation"]
-    mask, pos = mask.expand(B, F), pos.expand(B, F)
+    mask, pos = _pattern("continuation")
     x, ref, audio, text = _inputs(tiny)
 
     def loss(weight: torch.Tensor | None) -> torch.Tensor:
