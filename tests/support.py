@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -146,6 +147,27 @@ def memory_reports(pipeline, reference, speech: np.ndarray, at: tuple[int, ...])
     session = pipeline.open_session(reference, sinks=[Probe()])
     session.render(blocks(np.resize(speech, frame_start_sample(frames, 25, 16000)), 640))
     return reports, session.stats.chunks
+
+
+def portraits() -> dict[str, Path]:
+    """The test photos of people, by name: the portrait family's own default photo (astronaut)
+    and those in tests/data/portraits."""
+    from talkloop.pipeline.models.portrait.family import DEFAULT_REFERENCE
+
+    folder = Path(__file__).resolve().parent / "data" / "portraits"
+    return {
+        "astronaut": DEFAULT_REFERENCE,
+        "grace_hopper": folder / "grace_hopper.jpg",
+        "luispedro": folder / "luispedro.jpg",
+    }
+
+
+def load_rgb(path) -> np.ndarray:
+    """An image file as an (H, W, 3) uint8 RGB array."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB")).copy()
 
 
 def make_reference(width: int = 64, height: int = 64, seed: int = 0) -> np.ndarray:

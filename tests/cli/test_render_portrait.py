@@ -13,10 +13,12 @@ from talkloop.pipeline.audio.io import write_wav
 from talkloop.pipeline.cli import main
 from talkloop.pipeline.models.portrait.family import DEFAULT_REFERENCE
 
+from support import portraits
+
 pytestmark = pytest.mark.e2e
 
 FAST = ["--family", "portrait", "--untrained", "--preset", "tiny", "--size", "256", "--quiet"]
-HOPPER = Path(__file__).parents[1] / "data" / "portraits" / "grace_hopper.jpg"
+HOPPER = portraits()["grace_hopper"]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from talkloop.agent.protocol import ProtocolError
 from talkloop.pipeline.reference import fit_array
 from talkloop.rtc.avatar import MAX_AVATAR_BYTES, decode_avatar
 
-from support import make_reference, run, tiny_config, with_server
+from support import load_rgb, make_reference, portraits, run, tiny_config, with_server
 
 pytestmark = pytest.mark.unit
 
@@ -24,13 +24,6 @@ def encoded(image: np.ndarray, fmt: str = "JPEG", **save) -> str:
     buf = io.BytesIO()
     Image.fromarray(image).save(buf, format=fmt, **save)
     return base64.b64encode(buf.getvalue()).decode()
-
-
-def portrait_photo() -> np.ndarray:
-    from talkloop.pipeline.models.portrait.family import DEFAULT_REFERENCE
-
-    with Image.open(DEFAULT_REFERENCE) as im:
-        return np.asarray(im.convert("RGB")).copy()
 
 
 @pytest.mark.parametrize(
@@ -67,7 +60,7 @@ def test_exif_orientation_is_applied() -> None:
 
 def test_a_portrait_photo_is_framed_and_a_faceless_one_refused() -> None:
     config = tiny_config(video={"width": 192, "height": 192}, model={"family": "portrait"})
-    framed = decode_avatar(encoded(portrait_photo(), quality=90), config)
+    framed = decode_avatar(encoded(load_rgb(portraits()["astronaut"]), quality=90), config)
     assert framed.shape == (192, 192, 3)
     blank = np.full((300, 300, 3), 200, np.uint8)
     with pytest.raises(ProtocolError, match="no face"):

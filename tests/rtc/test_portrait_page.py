@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from netns import artifact, needs_chromium, run_in_netns
+from support import portraits
 
 pytestmark = pytest.mark.e2e
-HOPPER = Path(__file__).resolve().parents[1] / "data" / "portraits" / "grace_hopper.jpg"
+HOPPER = portraits()["grace_hopper"]
 
 
 @needs_chromium

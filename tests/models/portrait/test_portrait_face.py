@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
-from PIL import Image
 
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.models.portrait import face as F
 
+from support import load_rgb, portraits
+
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[3]
-PORTRAITS = {
-    "astronaut": Path(F.__file__).parent / "default_portrait.png",
-    "grace_hopper": ROOT / "tests/data/portraits/grace_hopper.jpg",
-    "luispedro": ROOT / "tests/data/portraits/luispedro.jpg",
-}
+PORTRAITS = portraits()
 # Pupil centres (subject's right = image-left, then left) and mouth corners in source pixels,
 # checked by eye on zoomed crops of each photo.
 REFERENCE = {
@@ -30,16 +25,12 @@ REFERENCE = {
 }
 
 
-def _load(name: str) -> np.ndarray:
-    return np.asarray(Image.open(PORTRAITS[name]).convert("RGB"))
-
-
 @pytest.fixture(scope="module")
 def found() -> dict[str, tuple[np.ndarray, list[F.FaceBox], np.ndarray]]:
     """Each portrait with its detections and the landmarks of its first face."""
     out = {}
     for name in PORTRAITS:
-        image = _load(name)
+        image = load_rgb(PORTRAITS[name])
         faces = F.detect_faces(image)
         out[name] = (image, faces, F.face_landmarks(image, faces[0]))
     return out
@@ -162,8 +153,10 @@ def test_person_mask_covers_the_person_not_the_background(found):
 
 
 def test_two_faces_come_largest_first():
-    big = _load("grace_hopper")
-    small = cv2.resize(_load("astronaut"), None, fx=0.75, fy=0.75, interpolation=cv2.INTER_AREA)
+    big = load_rgb(PORTRAITS["grace_hopper"])
+    small = cv2.resize(
+        load_rgb(PORTRAITS["astronaut"]), None, fx=0.75, fy=0.75, interpolation=cv2.INTER_AREA
+    )
     canvas = np.full((600, 1000, 3), 90, np.uint8)
     canvas[: small.shape[0], : small.shape[1]] = small[:600]
     canvas[:, 1000 - big.shape[1] :] = big
@@ -174,7 +167,7 @@ def test_two_faces_come_largest_first():
 
 
 def test_a_small_face_in_a_large_photo_is_found():
-    image = _load("grace_hopper")
+    image = load_rgb(PORTRAITS["grace_hopper"])
     small = cv2.resize(image, None, fx=0.3, fy=0.3, interpolation=cv2.INTER_AREA)
     canvas = np.full((1800, 2400, 3), 128, np.uint8)  # face ~60 px tall: the tiled pass
     canvas[900 : 900 + small.shape[0], 1500 : 1500 + small.shape[1]] = small

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -22,19 +21,12 @@ from talkloop.pipeline.models.portrait.framing import (
     load_image,
 )
 
+from support import load_rgb, portraits
+
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[3]
-PORTRAITS = {
-    "astronaut": Path(F.__file__).parent / "default_portrait.png",
-    "grace_hopper": ROOT / "tests/data/portraits/grace_hopper.jpg",
-    "luispedro": ROOT / "tests/data/portraits/luispedro.jpg",
-}
+PORTRAITS = portraits()
 SIZES = [(512, 512), (384, 384), (768, 768), (720, 1280)]
-
-
-def _load(name: str) -> np.ndarray:
-    return np.asarray(Image.open(PORTRAITS[name]).convert("RGB"))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
@@ -64,7 +56,7 @@ def test_framed_landmarks_match_a_fresh_detection_on_the_framed_image():
 
 def test_an_array_frames_like_its_file():
     a = frame_portrait(PORTRAITS["grace_hopper"])
-    b = frame_portrait(_load("grace_hopper"))
+    b = frame_portrait(load_rgb(PORTRAITS["grace_hopper"]))
     assert np.array_equal(a.image, b.image)
     assert a.image.shape == (512, 512, 3)
 
@@ -103,8 +95,10 @@ def test_exif_rotated_photo_frames_like_the_upright_one(tmp_path, orientation, u
 
 
 def test_the_larger_of_two_faces_is_framed(caplog):
-    big = _load("grace_hopper")
-    small = cv2.resize(_load("astronaut"), None, fx=0.75, fy=0.75, interpolation=cv2.INTER_AREA)
+    big = load_rgb(PORTRAITS["grace_hopper"])
+    small = cv2.resize(
+        load_rgb(PORTRAITS["astronaut"]), None, fx=0.75, fy=0.75, interpolation=cv2.INTER_AREA
+    )
     canvas = np.full((600, 1000, 3), 90, np.uint8)
     canvas[: small.shape[0], : small.shape[1]] = small[:600]
     canvas[:, 1000 - big.shape[1] :] = big
@@ -141,7 +135,7 @@ def test_a_crop_past_the_photo_is_filled_with_blurred_edge_colours_and_logged(ca
     assert np.abs(np.diff(p.image[:, :30].astype(float), axis=0)).mean() < 1.0
     # The colours come from the photo's edge: the filled band next to the bottom edge is close to
     # the photo's last rows there.
-    source = _load("luispedro")
+    source = load_rgb(PORTRAITS["luispedro"])
     assert np.abs(bottom.reshape(-1, 3).mean(0) - source[-20:].reshape(-1, 3).mean(0)).max() < 40
 
 
@@ -162,7 +156,7 @@ def test_no_face_in_a_blank_photo(tmp_path):
 
 
 def test_a_tiny_face_is_too_small():
-    image = _load("grace_hopper")
+    image = load_rgb(PORTRAITS["grace_hopper"])
     small = cv2.resize(image, None, fx=0.35, fy=0.35, interpolation=cv2.INTER_AREA)
     canvas = np.full((900, 1200, 3), 128, np.uint8)  # forehead to chin ~70 px
     canvas[400 : 400 + small.shape[0], 500 : 500 + small.shape[1]] = small
@@ -171,7 +165,7 @@ def test_a_tiny_face_is_too_small():
 
 
 def test_a_face_just_over_the_limit_is_accepted():
-    image = _load("grace_hopper")
+    image = load_rgb(PORTRAITS["grace_hopper"])
     small = cv2.resize(image, None, fx=0.6, fy=0.6, interpolation=cv2.INTER_AREA)  # ~120 px
     canvas = np.full((900, 1200, 3), 128, np.uint8)
     canvas[300 : 300 + small.shape[0], 500 : 500 + small.shape[1]] = small
@@ -260,4 +254,4 @@ def test_a_transparent_png_gets_a_white_background(tmp_path):
     image, name = load_image(tmp_path / "cutout.png")
     assert name == "portrait cutout.png"
     assert (image[:, :60] == 255).all()
-    assert np.array_equal(image[:, 60:], _load("grace_hopper")[:, 60:])
+    assert np.array_equal(image[:, 60:], load_rgb(PORTRAITS["grace_hopper"])[:, 60:])
