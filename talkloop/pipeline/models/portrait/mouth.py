@@ -1,12 +1,19 @@
-"""The mouth interior where the lips part: cavity, upper and lower teeth, tongue.
+"""The mouth between the moved lips: the interior where they part, lip contact where they meet.
 
-It is painted in the output frame inside the moved inner-lip contour. Every layer hangs from a
-jaw: the photo's own mouth interior (its teeth, where it shows them) and the upper teeth from
-the upper lip (the skull), the lower teeth and the tongue from the lower lip (the jaw); each
-layer is a fixed texture of this photo moved by a similarity fitted to its lip, so teeth and
-identity are the same in every frame. Where the photo shows no teeth, the teeth are a template
-coloured and lit from the photo. With the lips where the photo has them, the painted interior
-is the photo's own pixels: neutral parameters reproduce the photo.
+The interior is a stack of layers, each a fixed texture of this photo made once and hung from a
+jaw, so the teeth are the same in every frame: the upper teeth ride the skull, the lower teeth
+and the tongue the lower jaw (the rig's teeth anchors give both frames as similarities), over a
+dark cavity whose light follows the opening. Where the photo shows its upper teeth they are the
+photo's own pixels (the rows under the upper lip continued upwards); otherwise, and for the
+lower teeth always, a template coloured and lit from the photo. The lips' inner edges shade the
+layers (the upper lip's shadow, no drawn outline).
+
+The opening is the moved inner-lip polygon with rounded ends: its level set after a blur as
+wide as a fraction of the opening, so the lips stay in contact for a short length at each
+corner and never meet in a point. Where they are in contact (those corners, and all of the
+mouth at rest on a photo that parts its lips), the lips' own texture is carried over the seam
+(each side mirrored about its own edge, not stretched) and the seam is shaded darker towards
+the corners. A photo whose own lips are closed keeps its own lip line there instead.
 """
 
 from __future__ import annotations
@@ -15,11 +22,29 @@ import cv2
 import numpy as np
 
 from talkloop.pipeline.models.portrait import topology as topo
+from talkloop.pipeline.models.portrait.neutral import (
+    CENTRE_PAIRS,
+    PhotoExpression,
+    cheek_pixels,
+    mouth_opening_mask,
+    skin_luma,
+    teeth_mask,
+)
 
-CAVITY = np.array([92.0, 28.0, 34.0])  # the back of the mouth at full light, RGB
+CAVITY = np.array([66.0, 27.0, 29.0])  # the back of the mouth at full light, RGB
 TONGUE = np.array([190.0, 96.0, 102.0])
 TEMPLATE_TEETH = np.array([238.0, 228.0, 205.0])  # ivory
 AA_BITS = 3  # sub-pixel bits of the lip polygon
+# Teeth geometry in face heights of the neutral face, from the lips' seam at rest.
+UPPER_EDGE = 0.01  # the upper incisors' edge lies this far below the seam (behind the lower lip)
+LOWER_EDGE = -0.008  # the lower incisors' edge this far above it (below: behind the lower lip)
+UPPER_TEETH = 0.09  # visible height the upper teeth texture spans (more hides under the lip)
+LOWER_TEETH = 0.07
+TONGUE_REST = -0.012  # the tongue's top this far below the lower teeth's edge (jaw frame)
+TONGUE_RISE = 0.025  # how far tongue 1 lifts it (plus half the jaw's opening)
+ROUND = 0.2  # corner rounding: blur sigma as a share of the widest opening
+STOMION = 0.22  # darkness of the seam where the lips meet (a photo that parts its lips)
+STOMION_CLOSED = 0.0  # ... on a photo whose lips are closed (its own lip line is kept)
 
 
 # Seams between the teeth across the mouth: central incisors widest, narrowing towards the
@@ -46,174 +71,10 @@ def _invert(m: np.ndarray) -> np.ndarray:
     return np.c_[r_inv, -r_inv @ m[:, 2]]
 
 
-def _tooth_pattern(t: np.ndarray) -> np.ndarray:
-    """Brightness of a row of teeth across the mouth (t in [-1, 1]): dark seams between teeth."""
-    # The nearest seam is one of the two around t (the seams are sorted).
-    i = np.searchsorted(SEAMS, t).clip(1, len(SEAMS) - 1)
-    d = np.minimum(np.abs(t - SEAMS[i - 1]), np.abs(t - SEAMS[i]))
-    return 1.0 - 0.16 * np.exp(-((d / 0.009) ** 2))
-
-
-class MouthPainter:
-    """Per-photo mouth textures; ``paint`` fills the opened mouth of one output frame.
-
-    Args:
-        image: (H, W, 3) uint8 the photo.
-        landmarks: (478, 3) its landmarks.
-    """
-
-    def __init__(self, image: np.ndarray, landmarks: np.ndarray) -> None:
-        self.image = image
-        lm = landmarks[:, :2].astype(np.float64)
-        self.src_up = lm[list(topo.LIPS_INNER_UPPER)]  # (11, 2) right corner to left
-        self.src_lo = lm[list(topo.LIPS_INNER_LOWER)]
-        self.centre_x = float((self.src_up[0, 0] + self.src_up[-1, 0]) / 2)
-        self.half_width = float(max(abs(self.src_up[-1, 0] - self.src_up[0, 0]) / 2, 1.0))
-        self.gap = float(np.linalg.norm(lm[13] - lm[14]))
-        h, w = image.shape[:2]
-        poly = np.concatenate([self.src_up, self.src_lo[-2:0:-1]])
-        inside = np.zeros((h, w), np.uint8)
-        pts = np.round(poly * (1 << AA_BITS)).astype(np.int32)
-        cv2.fillPoly(inside, [pts], 255, cv2.LINE_AA, AA_BITS)
-        self.inside = inside.astype(np.float32) / 255.0  # (H, W) the photo's mouth opening
-        pix = image[inside > 127].astype(np.float32)
-        lips = np.zeros((h, w), np.uint8)
-        outer = np.concatenate(
-            [lm[list(topo.LIPS_OUTER_UPPER)], lm[list(topo.LIPS_OUTER_LOWER)][-2:0:-1]]
-        )
-        cv2.fillPoly(lips, [np.round(outer).astype(np.int32)], 1)
-        lips[inside > 127] = 0
-        lip_rgb = np.median(image[lips > 0].reshape(-1, 3), 0) if lips.any() else TONGUE
-        cheeks = np.concatenate(
-            [image[_disc(lm[i], 0.12 * self.half_width, (h, w))] for i in (50, 280)]
-        )
-        skin_l = float(np.median(cheeks.mean(1))) if len(cheeks) else 160.0
-        # Teeth in the photo: enough bright, grey-ish pixels between the lips.
-        bright = (pix.mean(1) > 0.8 * skin_l) & (np.ptp(pix, 1) < 70) if len(pix) else pix[:0, 0]
-        self.photo_teeth = bool(len(pix) >= 30 and bright.mean() > 0.2)
-        if self.photo_teeth:
-            self.teeth_rgb = np.median(pix[bright], 0)
-        else:
-            # Lit like the face and tinted by the photo's white balance (the skin's cast).
-            skin_rgb = np.median(cheeks, 0) if len(cheeks) else np.full(3, skin_l)
-            cast = (skin_rgb / max(skin_rgb.mean(), 1.0)) ** 0.35
-            self.teeth_rgb = np.clip(
-                TEMPLATE_TEETH * cast * np.clip(skin_l / 165.0, 0.6, 1.05), 0, 255
-            )
-        light = np.clip(skin_l / 175.0, 0.5, 1.1)
-        self.cavity_rgb = CAVITY * light
-        self.tongue_rgb = 0.5 * TONGUE * light + 0.5 * lip_rgb * 0.9
-
-    def paint(
-        self,
-        frame: np.ndarray,
-        up: np.ndarray,
-        lo: np.ndarray,
-        skull: np.ndarray,
-        teeth: float,
-        tongue: float,
-    ) -> None:
-        """Paint the mouth interior into ``frame`` (in place).
-
-        Args:
-            frame: (H, W, 3) uint8 the warped frame.
-            up, lo: (11, 2) the moved inner upper / lower lip contours in frame pixels.
-            skull: (11, 2) where the inner upper lip would be under the head's motion alone:
-                the upper teeth hang from the skull, not from the lip.
-            teeth: 0..1 how much of the teeth shows.
-            tongue: 0..1 how high the tongue rises.
-        """
-        h, w = frame.shape[:2]
-        poly = np.concatenate([up, lo[-2:0:-1]])
-        x0, y0 = np.floor(poly.min(0)).astype(int) - 2
-        x1, y1 = np.ceil(poly.max(0)).astype(int) + 3
-        x0, y0, x1, y1 = max(0, x0), max(0, y0), min(w, x1), min(h, y1)
-        if x1 - x0 < 2 or y1 - y0 < 2:
-            return
-        ch, cw = y1 - y0, x1 - x0
-        mask = np.zeros((ch, cw), np.uint8)
-        pts = np.round((poly - (x0, y0)) * (1 << AA_BITS)).astype(np.int32)
-        cv2.fillPoly(mask, [pts], 255, cv2.LINE_AA, AA_BITS)
-        if not mask.any():
-            return
-        m = mask.astype(np.float32)[..., None] / 255.0
-        gx = np.arange(x0, x1, dtype=np.float64)[None]  # (1, cw)
-        gy = np.arange(y0, y1, dtype=np.float64)[:, None]  # (ch, 1)
-        a_up = _similarity(self.src_up, skull)
-        a_lo = _similarity(self.src_lo, lo)
-        # Frame pixels in the photo's coordinates, as seen by the upper / lower jaw.
-        iu, il = _invert(a_up), _invert(a_lo)
-        ux = iu[0, 0] * gx + iu[0, 1] * gy + iu[0, 2]
-        uy = iu[1, 0] * gx + iu[1, 1] * gy + iu[1, 2]
-        lx = il[0, 0] * gx + il[0, 1] * gy + il[0, 2]
-        ly = il[1, 0] * gx + il[1, 1] * gy + il[1, 2]
-        t_up = (ux - self.centre_x) / self.half_width  # across the mouth, -1..1
-        t_lo = (lx - self.centre_x) / self.half_width
-        ou, ol = np.argsort(self.src_up[:, 0]), np.argsort(self.src_lo[:, 0])
-        below_up = uy - np.interp(ux, self.src_up[ou, 0], self.src_up[ou, 1])  # px under the lip
-        above_lo = np.interp(lx, self.src_lo[ol, 0], self.src_lo[ol, 1]) - ly
-        gap_now = float(np.linalg.norm(up[5] - lo[5]))
-        growth = gap_now - self.gap
-        scale = self.half_width
-
-        # Cavity: darker towards the corners and the roof.
-        near_lip = np.minimum(below_up, above_lo) / max(0.5 * gap_now, 1.0)
-        shade = (1 - 0.5 * np.clip(t_up, -1, 1) ** 2) * (1 - 0.5 * np.clip(near_lip, 0, 1))
-        img = self.cavity_rgb[None, None] * shade[..., None]
-        # Tongue: a mound on the floor of the mouth, rising with ``tongue``.
-        t_top = (0.12 + 0.38 * tongue) * max(gap_now, 1.0)
-        tongue_a = np.clip(t_top * (1 - (t_lo / 0.6) ** 2) - above_lo + 0.5, 0, 1)
-        tongue_shade = 0.75 + 0.25 * np.clip(above_lo / max(t_top, 1.0), 0, 1)
-        tongue_rgb = self.tongue_rgb[None, None] * (tongue_shade * (1 - 0.3 * t_lo**2))[..., None]
-        img = _over(img, tongue_rgb, tongue_a)
-        # Lower teeth: a row standing on the lower lip, from the jaw.
-        lower_h = teeth * min(0.14 * max(gap_now, 0.0), 0.1 * scale)
-        lower_a = np.clip(lower_h - above_lo + 0.5, 0, 1) * np.clip((0.65 - np.abs(t_lo)) * 6, 0, 1)
-        lower_a *= np.clip(above_lo + 0.5, 0, 1)
-        lower_rgb = self._teeth(t_lo, above_lo, max(lower_h, 1.0), 0.95)
-        img = _over(img, lower_rgb, lower_a)
-        # Upper teeth from the template where the photo shows none.
-        if not self.photo_teeth:
-            upper_h = teeth * min(0.42 * max(gap_now, 0.0), 0.26 * scale)
-            upper_a = np.clip(upper_h - below_up + 0.5, 0, 1)
-            upper_a *= np.clip((0.8 - np.abs(t_up)) * 6, 0, 1) * np.clip(below_up + 0.5, 0, 1)
-            upper_rgb = self._teeth(t_up, below_up, max(upper_h, 1.0), 1.0)
-            img = _over(img, upper_rgb, upper_a)
-        # The photo's own interior, hung from the upper lip. Where the lips are no further
-        # apart than in the photo it is all of the interior (the photo, exactly); as they
-        # part, its lower part (or, without teeth, all of it: a closed lip line) fades into
-        # the layers above.
-        fade = float(np.clip(growth / 3.0, 0.0, 1.0))
-        if fade < 1.0 or self.photo_teeth:
-            # Teeth go on up under the upper lip: where a raised lip shows more of them than
-            # the photo did, continue each tooth's top row upwards.
-            top = np.interp(ux, self.src_up[ou, 0], self.src_up[ou, 1]) + 1.5
-            sx = ux.astype(np.float32)
-            sy = (uy + fade * np.maximum(top - uy, 0) if self.photo_teeth else uy).astype(
-                np.float32
-            )
-            patch = cv2.remap(
-                self.image, sx, sy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
-            ).astype(np.float32)
-            # Once the lips part, only what lay between the photo's lips (not its lip skin).
-            was_inside = cv2.remap(self.inside, sx, sy, cv2.INTER_LINEAR)
-            drop = 1 - was_inside
-            if self.photo_teeth:
-                g = max(self.gap, 1.0)
-                drop = np.maximum(drop, np.clip((below_up - 0.8 * g) / (0.2 * g), 0, 1))
-            else:
-                drop = np.ones_like(below_up)
-            img = _over(img, patch, 1 - fade * drop)
-        region = frame[y0:y1, x0:x1].astype(np.float32)
-        frame[y0:y1, x0:x1] = np.clip(region * (1 - m) + img * m + 0.5, 0, 255).astype(np.uint8)
-
-    def _teeth(self, t: np.ndarray, depth: np.ndarray, height: float, light: float) -> np.ndarray:
-        """Teeth colour: seams between the teeth, darker towards the corners and in the lip's
-        shadow at the gum line."""
-        a = np.clip(np.abs(t), 0, 1)
-        lum = _tooth_pattern(np.clip(t, -1, 1)) * (1 - 0.45 * a**2)
-        lum = lum * (0.72 + 0.28 * np.clip(depth / max(0.35 * height, 1.0), 0, 1)) * light
-        return self.teeth_rgb[None, None] * lum[..., None]
+def _seam_distance(t: np.ndarray, seams: np.ndarray) -> np.ndarray:
+    """Distance (in t) from each t to the nearest of the sorted ``seams``."""
+    i = np.searchsorted(seams, t).clip(1, len(seams) - 1)
+    return np.minimum(np.abs(t - seams[i - 1]), np.abs(t - seams[i]))
 
 
 def _over(base: np.ndarray, top: np.ndarray, alpha: np.ndarray) -> np.ndarray:
@@ -221,6 +82,393 @@ def _over(base: np.ndarray, top: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     return base * (1 - a) + top * a
 
 
-def _disc(centre: np.ndarray, radius: float, shape: tuple[int, int]) -> np.ndarray:
-    yy, xx = np.ogrid[: shape[0], : shape[1]]
-    return (xx - centre[0]) ** 2 + (yy - centre[1]) ** 2 <= max(radius, 2.0) ** 2
+def closed_lip_source(image: np.ndarray, landmarks: np.ndarray, share: float) -> np.ndarray:
+    """The photo with the gap between its lips filled by the lips themselves.
+
+    Closing the lips squeezes the gap's triangles to nothing, but bilinear sampling at the seam
+    and the contact strips at the corners still read what lay between the lips: teeth, the
+    dark of the mouth. Here each column of the gap takes its lip's own pixels, mirrored about
+    the lip's inner edge (from the inner part of the lip only, however wide the gap), the upper
+    lip down to the seam (``share`` of the gap), the lower lip up to it; dark corners just
+    outside the inner-lip contour are inpainted from the lips around them.
+
+    Args:
+        image: (H, W, 3) uint8 the photo.
+        landmarks: (478, 3) its landmarks.
+        share: the upper lip's share of the closing.
+
+    Returns:
+        (H, W, 3) uint8 a copy of the photo, changed only around the mouth.
+    """
+    lm = landmarks[:, :2].astype(np.float64)
+    h, w = image.shape[:2]
+    out = image.copy()
+    outer = lm[list(topo.LIPS_OUTER_UPPER + topo.LIPS_OUTER_LOWER)]
+    pad = 4
+    x0, y0 = np.maximum(np.floor(outer.min(0)).astype(int) - pad, 0)
+    x1, y1 = np.minimum(np.ceil(outer.max(0)).astype(int) + pad + 1, (w, h))
+    xs = np.arange(x0, x1, dtype=np.float64)[None]
+    ys = np.arange(y0, y1, dtype=np.float64)[:, None]
+
+    def edge(contour: tuple[int, ...]) -> np.ndarray:
+        c = lm[list(contour)]
+        o = np.argsort(c[:, 0])
+        return np.interp(xs, c[o, 0], c[o, 1])
+
+    top, bot = edge(topo.LIPS_INNER_UPPER), edge(topo.LIPS_INNER_LOWER)
+    bot = np.maximum(bot, top)
+    thick_up = np.maximum(top - edge(topo.LIPS_OUTER_UPPER), 1.0)
+    thick_lo = np.maximum(edge(topo.LIPS_OUTER_LOWER) - bot, 1.0)
+    seam = top + share * (bot - top)
+    k_up = np.minimum(1.0, 0.6 * thick_up / np.maximum(seam - top, 1e-3))
+    k_lo = np.minimum(1.0, 0.6 * thick_lo / np.maximum(bot - seam, 1e-3))
+    my = np.where(ys < seam, top - (ys - top) * k_up, bot + (bot - ys) * k_lo)
+    mx = np.broadcast_to(xs, my.shape)
+    mirrored = cv2.remap(image, mx.astype(np.float32), my.astype(np.float32), cv2.INTER_LINEAR,
+                         borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+    inside = mouth_opening_mask((h, w), landmarks)[y0:y1, x0:x1]
+    grown = cv2.dilate(inside, np.ones((3, 3), np.uint8))  # the contour's own pixel too
+    crop = out[y0:y1, x0:x1]
+    crop[:] = np.clip(_over(crop.astype(np.float32), mirrored.astype(np.float32), grown) + 0.5,
+                      0, 255).astype(np.uint8)  # fmt: skip
+    # What the contour leaves out: the dark of the mouth reaching past the corners, and teeth
+    # a pixel outside it, inpainted from the lips around them.
+    lips = np.zeros(crop.shape[:2], np.uint8)
+    ring = np.concatenate(
+        [lm[list(topo.LIPS_OUTER_UPPER)], lm[list(topo.LIPS_OUTER_LOWER)][-2:0:-1]]
+    )
+    cv2.fillPoly(lips, [np.round(ring - (x0, y0)).astype(np.int32)], 1)
+    rgb = crop.astype(np.float32)
+    luma = rgb @ np.array([0.299, 0.587, 0.114], np.float32)
+    lip_l = float(np.median(luma[lips > 0])) if lips.any() else 128.0
+    near = np.zeros(crop.shape[:2], np.uint8)
+    half = abs(lm[308, 0] - lm[78, 0]) / 2
+    for i in (78, 308):
+        cv2.circle(near, tuple(np.round(lm[i] - (x0, y0)).astype(int)), int(0.3 * half) + 3, 1, -1)
+    band = (cv2.dilate((inside > 0.5).astype(np.uint8), np.ones((5, 5), np.uint8)) > 0) & (
+        grown < 0.5
+    )
+    pale = (luma > lip_l + 12) & (np.ptp(rgb, 2) < 0.8 * np.ptp(np.median(rgb[lips > 0], 0)) + 20)
+    fill = ((luma < 0.78 * lip_l) & (near > 0)) | (band & pale)
+    if fill.any():
+        fill = cv2.dilate(fill.astype(np.uint8), np.ones((3, 3), np.uint8))
+        crop[:] = cv2.inpaint(np.ascontiguousarray(crop), fill, 3, cv2.INPAINT_TELEA)
+    return out
+
+
+class MouthPainter:
+    """Per-photo mouth textures; ``paint`` fills the mouth between the moved lips of a frame.
+
+    Args:
+        image: (H, W, 3) uint8 the photo.
+        landmarks: (478, 3) its landmarks.
+        expression: the photo's expression (``neutral.read_expression``).
+        seam: (11, 2) where the closed lips meet at rest (photo pixels): the teeth anchors.
+        axes: (2, 2) the face frame's u and v axes (rows) in image axes.
+        scale: the neutral face's height in pixels.
+    """
+
+    def __init__(
+        self,
+        image: np.ndarray,
+        landmarks: np.ndarray,
+        expression: PhotoExpression,
+        seam: np.ndarray,
+        axes: np.ndarray,
+        scale: float,
+    ) -> None:
+        self.image = image
+        self.seam = seam.astype(np.float64)
+        self.axes = axes
+        self.scale = scale
+        lm = landmarks[:, :2].astype(np.float64)
+        self.src_up = lm[list(topo.LIPS_INNER_UPPER)]  # (11, 2) right corner to left
+        self.src_lo = lm[list(topo.LIPS_INNER_LOWER)]
+        self.gap = float(np.linalg.norm(lm[13] - lm[14]))
+        self.closes = expression.closes
+        self.photo_teeth = bool(expression.teeth and expression.closes)
+        self.stomion = STOMION if expression.closes else STOMION_CLOSED
+        h, w = image.shape[:2]
+        inside = mouth_opening_mask((h, w), landmarks)
+        lips = np.zeros((h, w), np.uint8)
+        outer = np.concatenate(
+            [lm[list(topo.LIPS_OUTER_UPPER)], lm[list(topo.LIPS_OUTER_LOWER)][-2:0:-1]]
+        )
+        cv2.fillPoly(lips, [np.round(outer).astype(np.int32)], 1)
+        lips[inside > 0.5] = 0
+        lip_rgb = np.median(image[lips > 0].reshape(-1, 3), 0) if lips.any() else TONGUE
+        skin_l = skin_luma(image, landmarks)
+        bright = teeth_mask(image, landmarks)
+        if expression.teeth:
+            self.teeth_rgb = np.median(image[bright].astype(np.float64), 0)
+        else:
+            # Lit like the face and tinted by the photo's white balance (the skin's cast).
+            cheeks = cheek_pixels(image, landmarks)
+            skin_rgb = np.median(cheeks, 0) if len(cheeks) else np.full(3, skin_l)
+            cast = (skin_rgb / max(skin_rgb.mean(), 1.0)) ** 0.1
+            self.teeth_rgb = np.clip(
+                TEMPLATE_TEETH * cast * np.clip(skin_l / 160.0, 0.7, 1.05), 0, 255
+            )
+        light = np.clip(skin_l / 175.0, 0.5, 1.1)
+        self.cavity_rgb = CAVITY * light
+        self.lip_rgb = lip_rgb.astype(np.float64)
+        self.tongue_rgb = 0.6 * TONGUE * light + 0.4 * lip_rgb * 0.9
+        self.seam_rgb = (lip_rgb * np.array([0.55, 0.4, 0.42])).astype(np.float32)
+        self._textures(bright, inside)
+
+    # -- per photo ---------------------------------------------------------------------------
+
+    def _textures(self, bright: np.ndarray, inside: np.ndarray) -> None:
+        """The teeth and tongue textures (RGBA float32) on a box of the photo around the seam."""
+        s = self.scale
+        ex, ey = self.axes
+        centre = self.seam.mean(0)
+        half = max(float(np.abs((self.seam[[0, -1]] - centre) @ ex).max()), 2.0)
+        self.half_width = half
+        pad_x, up_y, down_y = 0.3 * half, UPPER_TEETH * s + 4, (TONGUE_REST + 0.15) * s
+        corners = np.array([[-half - pad_x, -up_y], [half + pad_x, -up_y],
+                            [-half - pad_x, down_y], [half + pad_x, down_y]])  # fmt: skip
+        box_pts = centre + corners @ self.axes
+        x0, y0 = np.floor(box_pts.min(0)).astype(int)
+        x1, y1 = np.ceil(box_pts.max(0)).astype(int) + 1
+        self.box = (x0, y0)
+        gy, gx = np.mgrid[y0:y1, x0:x1].astype(np.float64)
+        rel = np.stack([gx - centre[0], gy - centre[1]], -1)
+        u, v = rel @ ex, rel @ ey  # (bh, bw) face frame, pixels, from the seam's centre
+        su = (self.seam - centre) @ ex
+        sv = (self.seam - centre) @ ey
+        order = np.argsort(su)
+        seam_v = np.interp(u, su[order], sv[order])  # the seam under each pixel
+        t = u / half
+        a = np.clip(np.abs(t), 0, 1)
+
+        # Upper teeth: from their edge (UPPER_EDGE below the seam) upwards.
+        depth = seam_v + UPPER_EDGE * s - v  # pixels above the incisal edge
+        notch = 0.35 * np.exp(-((_seam_distance(t, SEAMS) / 0.02) ** 2))  # rounded tooth corners
+        alpha = np.clip(depth + 0.5 - notch, 0, 1) * np.clip((0.9 - a) * 8, 0, 1)
+        alpha *= np.clip(UPPER_TEETH * s - depth, 0, 1)
+        lum = (1 - 0.1 * np.exp(-((_seam_distance(t, SEAMS) / 0.009) ** 2))) * (1 - 0.35 * a**2)
+        lum *= 0.88 + 0.12 * np.clip(depth / 2.0, 0, 1)  # a translucent edge
+        upper = np.dstack([self.teeth_rgb[None, None] * lum[..., None], alpha])
+        if self.photo_teeth:
+            upper = self._photo_upper(bright, inside, (x0, y0, x1, y1), centre, u, v, t)
+        self.upper = upper.astype(np.float32)
+
+        # Lower teeth: narrower incisors, from their edge (LOWER_EDGE above the seam) down.
+        seams_lo = SEAMS * 0.8
+        depth = v - (seam_v - LOWER_EDGE * s)
+        notch = 0.3 * np.exp(-((_seam_distance(t, seams_lo) / 0.02) ** 2))
+        alpha = np.clip(depth + 0.5 - notch, 0, 1) * np.clip((0.72 - a) * 8, 0, 1)
+        alpha *= np.clip(LOWER_TEETH * s - depth, 0, 1)
+        lum = (1 - 0.12 * np.exp(-((_seam_distance(t, seams_lo) / 0.008) ** 2))) * (1 - 0.5 * a**2)
+        lum *= 0.9 * (0.85 + 0.15 * np.clip(depth / 2.0, 0, 1))
+        self.lower = np.dstack([self.teeth_rgb[None, None] * lum[..., None], alpha]).astype(
+            np.float32
+        )
+
+        # Tongue: a mound on the floor of the mouth, lower at the sides.
+        top = seam_v + (TONGUE_REST - LOWER_EDGE + 0.03 * a**2) * s
+        depth = v - top
+        alpha = np.clip(depth + 0.5, 0, 1) * np.clip((0.85 - a) * 5, 0, 1)
+        lum = (0.72 + 0.28 * (1 - a**2)) * (1 - 0.35 * np.clip(depth / (0.05 * s), 0, 1))
+        self.tongue = np.dstack([self.tongue_rgb[None, None] * lum[..., None], alpha]).astype(
+            np.float32
+        )
+
+    def _photo_upper(
+        self,
+        bright: np.ndarray,
+        inside: np.ndarray,
+        box: tuple[int, int, int, int],
+        centre: np.ndarray,
+        u: np.ndarray,
+        v: np.ndarray,
+        t: np.ndarray,
+    ) -> np.ndarray:
+        """The photo's own upper teeth: its pixels between the lips, continued up under the
+        upper lip and, at the sides, down under the lower lip to the line of the front teeth's
+        edges (a smiling lower lip hides the side teeth's lower part; a relaxed one shows it);
+        what is not teeth there (the dark of the mouth) is left see-through."""
+        x0, y0, x1, y1 = box
+        img = self.image
+        h, w = img.shape[:2]
+        gy, gx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+        ou, ol = np.argsort(self.src_up[:, 0]), np.argsort(self.src_lo[:, 0])
+        top = np.interp(gx[:1], self.src_up[ou, 0], self.src_up[ou, 1]).astype(np.float32)
+        bottom = np.interp(gx, self.src_lo[ol, 0], self.src_lo[ol, 1])
+        # Teeth-ness: all but the dark of the mouth (a tooth's shaded parts are still tooth).
+        luma = img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+        teeth_l = float(np.median(luma[bright])) if bright.any() else 200.0
+        dark = 0.25 * teeth_l
+        teeth = np.clip((luma - dark) / (0.5 * teeth_l - dark), 0, 1)
+        teeth = np.minimum(cv2.GaussianBlur(teeth, (3, 3), 0), inside)
+        rgb = cv2.remap(img, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        alpha = cv2.remap(teeth, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+        # Under the photo's upper lip the teeth go on: each column continues the mean of its
+        # first rows of teeth (one row alone would stretch every dark gap up the tooth), towards
+        # the colour of gums higher up.
+        row, row_a = np.zeros((1, x1 - x0, 3), np.float32), np.zeros((1, x1 - x0), np.float32)
+        rows = (2.0, 3.0, 4.0, 5.0, 6.0, 7.0)
+        for k in rows:
+            yk = top + k
+            row += cv2.remap(img, gx[:1], yk, cv2.INTER_LINEAR).astype(np.float32) / len(rows)
+            row_a += cv2.remap(teeth, gx[:1], yk, cv2.INTER_LINEAR) / len(rows)
+        row = cv2.GaussianBlur(row, (5, 1), 0)  # no single column's dark gap runs up a tooth
+        under = gy < top + 2.0
+        gum = np.clip((top - gy) / (0.03 * self.scale), 0, 1)[..., None] * 0.5
+        up_rgb = row * (1 - gum) + (self.lip_rgb * 0.9)[None, None] * gum
+        rgb = np.where(under[..., None], up_rgb, rgb.astype(np.float32))
+        alpha = np.where(under, np.broadcast_to(row_a, alpha.shape), alpha)
+        alpha *= np.clip((UPPER_TEETH * self.scale - (top - gy)) / 3.0, 0, 1)
+        # Under the photo's lower lip: down to the front teeth's edge line, each column
+        # continuing the mean of its last rows of teeth, a little darker (further back).
+        ex, ey = self.axes
+        lo_u = (self.src_lo - centre) @ ex
+        lo_v = (self.src_lo - centre) @ ey
+        o = np.argsort(lo_u)
+        edge_v = np.interp(u, lo_u[o], lo_v[o])  # (bh, bw) the photo's lower lip, face frame
+        front = float(lo_v[list(CENTRE_PAIRS)].mean())
+        occlusal = front - 0.05 * self.half_width * t**2  # the side teeth's edges rise a little
+        ext = np.zeros_like(rgb, dtype=np.float32)
+        ext_a = np.zeros(alpha.shape, np.float32)
+        for k in (2.0, 3.0, 4.0, 5.0):
+            p = centre + u[..., None] * ex + (edge_v - k)[..., None] * ey
+            px, py = p[..., 0].astype(np.float32), p[..., 1].astype(np.float32)
+            ext += cv2.remap(img, px, py, cv2.INTER_LINEAR).astype(np.float32) / 4
+            ext_a += cv2.remap(teeth, px, py, cv2.INTER_LINEAR) / 4
+        below = v > edge_v - 0.5
+        reach = np.clip(occlusal - v + 0.5, 0, 1)  # (bh, bw) inside the edge line
+        rgb = np.where(below[..., None], ext * 0.88, rgb)
+        alpha = np.where(below, ext_a * reach, alpha * np.clip(bottom - gy + 1.0, 0, 1))
+        alpha *= np.clip((0.95 - np.abs(t)) * 8, 0, 1)
+        alpha *= (gx >= 0) & (gx < w) & (gy >= 0) & (gy < h)
+        return np.dstack([rgb.astype(np.float32), alpha])
+
+    # -- per frame ---------------------------------------------------------------------------
+
+    def _layer(self, tex: np.ndarray, to_frame: np.ndarray, origin: tuple[int, int],
+               size: tuple[int, int]) -> np.ndarray:  # fmt: skip
+        """``tex`` (photo-box RGBA) moved by the similarity ``to_frame`` onto a frame crop."""
+        inv = _invert(to_frame)  # frame -> photo
+        # crop pixel -> frame (+origin) -> photo -> texture (-box)
+        m = inv.copy()
+        m[:, 2] = inv[:, :2] @ np.asarray(origin, np.float64) + inv[:, 2] - self.box
+        return cv2.warpAffine(
+            tex, m, size, flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+            borderMode=cv2.BORDER_CONSTANT, borderValue=0,
+        )  # fmt: skip
+
+    def paint(
+        self,
+        frame: np.ndarray,
+        up: np.ndarray,
+        lo: np.ndarray,
+        teeth_up: np.ndarray,
+        teeth_lo: np.ndarray,
+        teeth: float,
+        tongue: float,
+    ) -> None:
+        """Paint the mouth between the moved lips into ``frame`` (in place).
+
+        Args:
+            frame: (H, W, 3) uint8 the warped frame.
+            up, lo: (11, 2) the moved inner upper / lower lip contours in frame pixels.
+            teeth_up, teeth_lo: (11, 2) the rig's upper (skull) and lower (jaw) teeth anchors
+                in frame pixels; at rest both lie on ``seam``.
+            teeth: 0..1 how much the lips bare the teeth (the rig moves the lips for it; here
+                it only brightens what shows).
+            tongue: 0..1 how high the tongue rises.
+        """
+        h, w = frame.shape[:2]
+        gaps = np.linalg.norm(lo - up, axis=1)
+        widest = float(gaps.max())
+        sigma = min(ROUND * widest, 0.05 * self.scale)
+        pad = int(np.ceil(2 * sigma)) + 3
+        pts = np.concatenate([up, lo])
+        x0, y0 = np.floor(pts.min(0)).astype(int) - pad
+        x1, y1 = np.ceil(pts.max(0)).astype(int) + pad + 1
+        x0, y0, x1, y1 = max(0, x0), max(0, y0), min(w, x1), min(h, y1)
+        if x1 - x0 < 3 or y1 - y0 < 3:
+            return
+        ch, cw = y1 - y0, x1 - x0
+        xs = np.arange(x0, x1, dtype=np.float64)
+        ou, ol = np.argsort(up[:, 0]), np.argsort(lo[:, 0])
+        top = np.interp(xs, up[ou, 0], up[ou, 1])[None]  # (1, cw) upper lip edge per column
+        bot = np.interp(xs, lo[ol, 0], lo[ol, 1])[None]
+        bot = np.maximum(bot, top)
+        ys = np.arange(y0, y1, dtype=np.float64)[:, None]  # (ch, 1)
+        left, right = min(up[0, 0], up[-1, 0]), max(up[0, 0], up[-1, 0])
+        across = np.clip(np.abs(xs - 0.5 * (left + right)) / max(0.5 * (right - left), 1.0), 0, 1)
+
+        # The gap between the lips, and its rounded opening.
+        poly = np.concatenate([up, lo[-2:0:-1]]) - (x0, y0)
+        gap_m = np.zeros((ch, cw), np.uint8)
+        cv2.fillPoly(gap_m, [np.round(poly * (1 << AA_BITS)).astype(np.int32)], 255,
+                     cv2.LINE_AA, AA_BITS)  # fmt: skip
+        gap_a = gap_m.astype(np.float32) / 255.0
+        if sigma >= 0.5:
+            soft = cv2.GaussianBlur(gap_a, (0, 0), sigma)
+            open_a = np.clip((soft - 0.5) * (2.5 * sigma) + 0.5, 0, 1)
+            # A lip's inner edge is not a cut: the layers fade in over about a pixel.
+            open_a = np.minimum(cv2.GaussianBlur(open_a, (0, 0), 0.7), gap_a)
+        else:
+            open_a = np.zeros_like(gap_a)
+
+        region = frame[y0:y1, x0:x1].astype(np.float32)
+        out = region
+        if open_a.max() > 0.0:
+            interior = self._interior(
+                (x0, y0), (cw, ch), xs, ys, top, bot, across, teeth_up, teeth_lo, tongue
+            )
+            out = _over(out, interior, open_a)
+        if self.stomion > 0:
+            # The seam where the lips touch: darker towards the corners, gone where they part.
+            ends = np.clip((1 - across) / 0.08, 0, 1)
+            k = self.stomion * (0.7 + 0.6 * across**2) * ends  # (1, cw)
+            line = np.exp(-(((ys - 0.5 * (top + bot)) / 1.0) ** 2)) * (bot - top < 1.5)
+            a = (k * line * (1 - open_a))[..., None]
+            out = out * (1 - a) + self.seam_rgb[None, None] * a
+        frame[y0:y1, x0:x1] = np.clip(out + 0.5, 0, 255).astype(np.uint8)
+        del teeth
+
+    def _interior(
+        self,
+        origin: tuple[int, int],
+        size: tuple[int, int],
+        xs: np.ndarray,
+        ys: np.ndarray,
+        top: np.ndarray,
+        bot: np.ndarray,
+        across: np.ndarray,
+        teeth_up: np.ndarray,
+        teeth_lo: np.ndarray,
+        tongue: float,
+    ) -> np.ndarray:
+        """(ch, cw, 3) float32 the mouth's interior on the crop: cavity, tongue, teeth, shade."""
+        cw, ch = size
+        opening = float(np.max(bot - top))
+        # Little light reaches into a small opening; a wide one shows the back of the mouth.
+        light = 0.55 + 0.45 * min(opening / (0.08 * self.scale), 1.0)
+        # Darker towards the corners and up under the roof, where no light reaches.
+        down = np.clip((ys - top) / np.maximum(bot - top, 1.0), 0, 1)  # (ch, cw) 0 top, 1 floor
+        lum = (1 - 0.45 * across**2) * (0.6 + 0.55 * down**1.5)
+        img = (self.cavity_rgb * light)[None, None] * lum[..., None].astype(np.float32)
+        skull = _similarity(self.seam, teeth_up)
+        jaw = _similarity(self.seam, teeth_lo)
+        # The tongue rises in the jaw's frame: towards the upper teeth as the jaw opens.
+        jaw_open = float(np.mean(np.linalg.norm(teeth_lo - teeth_up, axis=1)))
+        rise = tongue * (TONGUE_RISE * self.scale + 0.5 * jaw_open)
+        lift = np.eye(3)[:2].copy()
+        lift[:, 2] = -rise * self.axes[1]
+        tongue_m = np.vstack([jaw, [0, 0, 1]]) @ np.vstack([lift, [0, 0, 1]])
+        for tex, m in ((self.tongue, tongue_m[:2]), (self.lower, jaw), (self.upper, skull)):
+            layer = self._layer(tex, m, origin, size)
+            img = _over(img, layer[..., :3], layer[..., 3])
+        # The lips shade what lies just inside them: the upper lip most.
+        gap = np.maximum(bot - top, 1.0)
+        below = ys - top
+        above = bot - ys
+        shade = 1 - 0.15 * np.exp(-np.maximum(below, 0) / (0.15 * gap + 1.0))
+        shade *= 1 - 0.15 * np.exp(-np.maximum(above, 0) / (0.06 * gap + 0.8))
+        del xs
+        return img * shade[..., None]

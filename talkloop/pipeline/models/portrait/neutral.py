@@ -34,10 +34,10 @@ SMILE_FROM, SMILE_SPAN = 0.06, 0.1
 WIDTH_REST = 0.88  # mouth corner to corner, inter-ocular distances, at rest at most
 BROW_REST, BROW_SPAN = 0.44, 0.12  # brows above the upper lids, eye-to-subnasale distances
 UPPER_SHARE_DARK = 0.25  # upper lip's share of the closing where no teeth show
-UPPER_SHARE_MAX = 0.85
+UPPER_SHARE_MAX = 0.7
 AA_BITS = 3
 
-_CENTRE_PAIRS = (4, 5, 6)  # inner-lip pairs at the middle of the mouth (82/87, 13/14, 312/317)
+CENTRE_PAIRS = (4, 5, 6)  # inner-lip pairs at the middle of the mouth (82/87, 13/14, 312/317)
 
 
 @dataclass(frozen=True)
@@ -75,21 +75,31 @@ def _smoothstep(x: float) -> float:
 def mouth_opening_mask(shape: tuple[int, int], landmarks: np.ndarray) -> np.ndarray:
     """(H, W) float32 in [0, 1]: where the photo's lips part (inside the inner-lip contour)."""
     lm = landmarks[:, :2].astype(np.float64)
-    poly = np.concatenate([lm[list(topo.LIPS_INNER_UPPER)], lm[list(topo.LIPS_INNER_LOWER)][-2:0:-1]])
+    poly = np.concatenate(
+        [lm[list(topo.LIPS_INNER_UPPER)], lm[list(topo.LIPS_INNER_LOWER)][-2:0:-1]]
+    )
     inside = np.zeros(shape, np.uint8)
-    cv2.fillPoly(inside, [np.round(poly * (1 << AA_BITS)).astype(np.int32)], 255, cv2.LINE_AA, AA_BITS)
+    cv2.fillPoly(
+        inside, [np.round(poly * (1 << AA_BITS)).astype(np.int32)], 255, cv2.LINE_AA, AA_BITS
+    )
     return inside.astype(np.float32) / 255.0
 
 
-def skin_luma(image: np.ndarray, landmarks: np.ndarray) -> float:
-    """Median brightness of the cheeks beside the mouth."""
+def cheek_pixels(image: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+    """(N, 3) uint8 the pixels of two small discs on the cheeks beside the mouth."""
     lm = landmarks[:, :2].astype(np.float64)
     half = abs(lm[308, 0] - lm[78, 0]) / 2
     h, w = image.shape[:2]
     yy, xx = np.ogrid[:h, :w]
     r = max(0.12 * half, 2.0)
-    pix = [image[(xx - lm[i, 0]) ** 2 + (yy - lm[i, 1]) ** 2 <= r * r] for i in (50, 280)]
-    pix = np.concatenate(pix)
+    return np.concatenate(
+        [image[(xx - lm[i, 0]) ** 2 + (yy - lm[i, 1]) ** 2 <= r * r] for i in (50, 280)]
+    )
+
+
+def skin_luma(image: np.ndarray, landmarks: np.ndarray) -> float:
+    """Median brightness of the cheeks beside the mouth."""
+    pix = cheek_pixels(image, landmarks)
     return float(np.median(pix.mean(1))) if len(pix) else 160.0
 
 
@@ -105,7 +115,7 @@ def shows_teeth(image: np.ndarray, landmarks: np.ndarray) -> bool:
     """Whether the photo shows teeth: enough of its mouth opening is teeth."""
     inside = mouth_opening_mask(image.shape[:2], landmarks) > 0.5
     n = int(inside.sum())
-    return n >= 30 and teeth_mask(image, landmarks).sum() > 0.2 * n
+    return bool(n >= 30 and teeth_mask(image, landmarks).sum() > 0.2 * n)
 
 
 def read_expression(image: np.ndarray, landmarks: np.ndarray) -> PhotoExpression:
@@ -129,7 +139,7 @@ def read_expression(image: np.ndarray, landmarks: np.ndarray) -> PhotoExpression
     unit = max(v(2) - eye_line, 1.0)  # eye line to subnasale, pixels
     up, lo = lm[list(topo.LIPS_INNER_UPPER)], lm[list(topo.LIPS_INNER_LOWER)]
     gap_px = lo - up  # (11, 2)
-    centre = list(_CENTRE_PAIRS)
+    centre = list(CENTRE_PAIRS)
     gap_v = float(np.mean(gap_px[centre] @ ey))
     middle = float(np.mean((0.5 * (up[centre] + lo[centre]) - eye_r) @ ey))
     closes_jaw = max(gap_v, 0.0)  # what closing moves the chin up by, at most
@@ -154,7 +164,10 @@ def read_expression(image: np.ndarray, landmarks: np.ndarray) -> PhotoExpression
     lift = (middle - v([61, 291])) / unit
     smile = _smoothstep((lift - SMILE_FROM) / SMILE_SPAN)
     width = float(np.linalg.norm(lm[291] - lm[61])) / iod
-    corner_drop = smile * max(lift - LIFT_REST, 0.0) * unit
+    # At rest the corners sit level with where the closed lips meet (the seam), not with the
+    # middle of the photo's gap.
+    seam = middle + (share - 0.5) * max(gap_v, 0.0) if closes else middle
+    corner_drop = smile * max((seam - v([61, 291])) / unit - LIFT_REST, 0.0) * unit
     corner_in = smile * max(width - WIDTH_REST, 0.0) * iod / 2
     brows = list(topo.RIGHT_BROW[-3:] + topo.LEFT_BROW[-3:])  # the brows' inner halves
     brow_h = (v([159, 386]) - v(brows)) / unit

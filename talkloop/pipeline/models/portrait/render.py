@@ -1,12 +1,16 @@
 """The portrait renderer: motion parameters -> frames, by warping the photo along its mesh.
 
-Per photo (once): the warp mesh and its grid weights (``mesh.py``), the face rig (``rig.py``),
-the eye geometry (``eyes.py``), the mouth textures (``mouth.py``) and the person layer with its
+Per photo (once): the photo's own expression (``neutral.py``), the warp mesh and its grid
+weights (``mesh.py``), the face rig that moves the face from its neutral rest (``rig.py``), the
+eye geometry (``eyes.py``), the mouth textures (``mouth.py``) and the person layer with its
 background plate (``layers.py``). Per frame: the eyes blink / look on the source photo, the rig
-moves the mesh vertices, one sparse product gives the displacement of the moving box on a
-coarse grid, Newton steps invert it (around parted lips the moved triangles are rasterised
-exactly instead), one ``cv2.remap`` samples the frame, the warped person is laid over the
-still background plate, and the opened mouth is painted inside the moved inner lips.
+moves the mesh vertices and the teeth anchors, one sparse product gives the displacement of the
+moving box on a coarse grid, Newton steps invert it (where the lips move the moved triangles
+around the mouth are rasterised exactly instead), one ``cv2.remap`` samples the frame, the
+warped person is laid over the still background plate, and the mouth between the moved lips is
+painted: the interior where they part, lip contact where they meet.
+
+All-zero parameters give the neutral face (lips closed); ``photo_params`` give the photo.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from talkloop.pipeline.models.portrait.mesh import (
     exact_inverse,
     inverse_offsets,
 )
-from talkloop.pipeline.models.portrait.mouth import MouthPainter
+from talkloop.pipeline.models.portrait.mouth import MouthPainter, closed_lip_source
+from talkloop.pipeline.models.portrait.neutral import read_expression
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.rig import F, FaceRig
 
@@ -50,6 +55,12 @@ class PortraitRenderer:
         landmarks: (478, 3) float32 face-mesh landmarks in the image's pixels.
         mask: (H, W) float32 person mask in [0, 1] (1 = the person), or None to let a soft
             region around the head and hair move.
+
+    Attributes:
+        image: the photo.
+        photo_params: (16,) float32 the parameters that describe the photo (its opening, smile,
+            brows, teeth); rendered, they give the photo bit for bit. All zeros is the neutral
+            rest: relaxed, lips closed.
     """
 
     def __init__(self, image: np.ndarray, landmarks: np.ndarray, mask: np.ndarray | None = None):
@@ -71,7 +82,9 @@ class PortraitRenderer:
         ring = self.mesh.points[N_FACE : N_FACE + self.mesh.n_ring]
         ri = np.round(ring).astype(int)
         mobility = mask[ri[:, 1].clip(0, h - 1), ri[:, 0].clip(0, w - 1)]
-        self.rig = FaceRig(self.mesh, landmarks, h, mobility)
+        self.expression = read_expression(self.image, landmarks)
+        self.rig = FaceRig(self.mesh, landmarks, h, mobility, self.expression)
+        self.photo_params = self.rig.photo_params
         self.layer = PersonLayer(self.image, mask)
         y0, y1, x0, x1 = self.mesh.box
         self._grid = np.dstack(
@@ -79,11 +92,21 @@ class PortraitRenderer:
         )  # (bh, bw, 2) the box's pixel coordinates
         self._plate = np.ascontiguousarray(self.layer.plate[y0:y1, x0:x1])
         self.eyes = EyeWarp(landmarks, (h, w))
-        self.mouth = MouthPainter(self.image, landmarks)
+        rig = self.rig
+        self.mouth = MouthPainter(
+            self.image, landmarks, self.expression, rig.seam, rig.axes, rig.scale
+        )
+        self._anchors = rig.anchor_points  # (22, 2) the teeth anchors in the photo
+        self._lip_source = self.image
+        if self.expression.closes:
+            self._lip_source = closed_lip_source(self.image, landmarks, self.expression.upper_share)
         self.landmarks = landmarks
         self.mouth_triangles = self._mouth_zone()
         self._inner_up = np.array(topo.LIPS_INNER_UPPER)
         self._inner_lo = np.array(topo.LIPS_INNER_LOWER)
+        self._lips = np.unique(
+            np.r_[self._inner_up, self._inner_lo, topo.LIPS_OUTER_UPPER, topo.LIPS_OUTER_LOWER]
+        )
 
     def _mouth_zone(self) -> np.ndarray:
         """Triangles around the mouth whose inverse is rasterised exactly (the gap strip
@@ -143,11 +166,22 @@ class PortraitRenderer:
         mx += (ex - mx) * w
         my += (ey - my) * w
 
+    def _paints(self, d: np.ndarray, up: np.ndarray, lo: np.ndarray) -> bool:
+        """Whether the mouth is painted: the lips moved off the photo's (a photo that parts its
+        lips: they close or open over its own interior), or parted further than in the photo
+        (a photo with closed lips keeps its own lip line until they part)."""
+        if not np.any(d[self._lips]):
+            return False
+        if self.mouth.closes:
+            return True
+        return float(np.linalg.norm(up[5] - lo[5])) > self.mouth.gap + 0.25
+
     def render(self, params: np.ndarray) -> np.ndarray:
         """Frames for a batch of motion parameters.
 
         Args:
-            params: (T, 16) float32 in FRAME_FIELDS order and units; all zeros = the photo.
+            params: (T, 16) float32 in FRAME_FIELDS order and units; all zeros = the neutral
+                rest, ``photo_params`` = the photo.
 
         Returns:
             (T, H, W, 3) uint8 RGB frames.
@@ -162,64 +196,61 @@ class PortraitRenderer:
             raise InputError("portrait params contain NaN or infinite values")
         # A motion model may overshoot: hold every field to its documented range.
         params = np.clip(params.astype(np.float32), PARAM_LOW, PARAM_HIGH)
-        head_only = np.zeros_like(params)
-        for name in ("yaw", "pitch", "roll", "tx", "ty"):
-            head_only[:, F[name]] = params[:, F[name]]
-        # One rig call for both (its cost is per call, not per vertex, at a few frames).
-        both = self.rig.displacements(np.concatenate([params, head_only]))  # (2T, V, 2)
-        disp = both[: len(params)]  # (T, V, 2)
-        skull = both[len(params) :, self._inner_up]  # (T, 11, 2)
+        rig = self.rig
+        both = rig.displacements(params)  # (T, P, 2): mesh vertices, then the teeth anchors
         frames = np.empty((len(params), self.height, self.width, 3), np.uint8)
         y0, y1, x0, x1 = self.mesh.box
         oval_idx = list(topo.FACE_OVAL)
         oval_src = self.landmarks[oval_idx, :2]
-
-        def moved_oval(d: np.ndarray) -> np.ndarray:
-            return oval_src + d[oval_idx]
+        teeth = slice(rig.teeth_up.start, rig.teeth_lo.stop)
 
         for t, p in enumerate(params):
             frame = frames[t]
             frame[:] = self.image
-            source = self.image
-            blink, gx, gy = float(p[F["blink"]]), float(p[F["gaze_x"]]), float(p[F["gaze_y"]])
-            if blink != 0.0 or gx != 0.0 or gy != 0.0:
-                source = self.image.copy()
-                self.eyes.apply(self.image, source, float(np.clip(blink, 0, 1)), gx, gy)
-            d = disp[t]
+            d = both[t, : rig.n_mesh]
             if np.abs(d).max() < 1e-3:
                 # Below a thousandth of a pixel (rounding in the pose rotation) nothing moves:
                 # cv2.remap would sample the same pixels; skip the warp.
                 d = np.zeros_like(d)
+            # Once anything moves, the lips may close over what lay between them: warp the
+            # photo with its gap filled by the lips (``closed_lip_source``).
+            base = self._lip_source if np.any(d) else self.image
+            source = base
+            blink, gx, gy = float(p[F["blink"]]), float(p[F["gaze_x"]]), float(p[F["gaze_y"]])
+            if blink != 0.0 or gx != 0.0 or gy != 0.0:
+                source = base.copy()
+                self.eyes.apply(base, source, float(np.clip(blink, 0, 1)), gx, gy)
             moved = self.landmarks[:N_FACE, :2] + d[:N_FACE]
             up, lo = moved[self._inner_up], moved[self._inner_lo]
-            # Lips further apart than in the photo: the gap needs the exact inverse and paint.
-            opened = float(np.linalg.norm(up[5] - lo[5])) > self.mouth.gap + 0.25
+            paint = self._paints(d, up, lo)
             if np.any(d):
                 field = self.mesh.field(d)  # (ch, cw, 2)
                 off = inverse_offsets(field, INVERSE_STEPS)
                 off = cv2.resize(off, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
                 # One interleaved (bh, bw, 2) map: x and y without splitting the offsets.
                 xy = cv2.add(self._grid, off)
-                if opened:
+                if paint:
                     self._exact_mouth(d, xy)
                 warped = cv2.remap(
                     source, xy, None, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
                 )
                 alpha = cv2.remap(self.layer.alpha, xy, None, cv2.INTER_LINEAR)
                 # The face itself is never see-through, whatever the mask's edge does there.
-                oval = np.round((moved_oval(d) - (x0, y0)) * 8).astype(np.int32)
+                oval = np.round((oval_src + d[oval_idx] - (x0, y0)) * 8).astype(np.int32)
                 cv2.fillPoly(alpha, [oval], 1.0, cv2.LINE_AA, 3)
                 # The person over the still background plate.
                 frame[y0:y1, x0:x1] = cv2.blendLinear(warped, self._plate, alpha, 1.0 - alpha)
             elif source is not self.image:
                 frame[:] = source
-            if not opened:
+            if not paint:
                 continue  # the warp already shows the photo's own mouth, moved
+            anchors = (self._anchors + both[t, teeth]).astype(np.float64)
             self.mouth.paint(
                 frame,
                 up.astype(np.float64),
                 lo.astype(np.float64),
-                (self.landmarks[self._inner_up, :2] + skull[t]).astype(np.float64),
+                anchors[:11],
+                anchors[11:],
                 float(np.clip(p[F["teeth"]], 0, 1)),
                 float(np.clip(p[F["tongue"]], 0, 1)),
             )
