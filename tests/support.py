@@ -393,6 +393,16 @@ async def send_speech(ws, speech: np.ndarray, rate: int, log: dict) -> None:
     log["speech_sent_at"] = time.monotonic()
 
 
+def emit(result: dict) -> None:
+    """A scenario script's result: one line ``RESULT <json>`` (tests/rtc/netns.py reads it)."""
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def note(text: str) -> None:
+    """A scenario script's progress line, on stderr with the time of day."""
+    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
 # -- the real command ------------------------------------------------------------------------------
 
 TALKLOOP = [sys.executable, "-m", "talkloop.pipeline.cli"]  # `talkloop`, from this interpreter

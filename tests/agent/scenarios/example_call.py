@@ -16,7 +16,8 @@ from talkloop.agent.tts import EspeakTTS  # noqa: E402
 from talkloop.rtc.call import CallConfig  # noqa: E402
 from talkloop.rtc.client import run_call  # noqa: E402
 
-from common import emit, start_server, tiny_live_pipeline  # noqa: E402
+from common import start_server, tiny_live_pipeline  # noqa: E402
+from support import emit  # noqa: E402
 
 LINES = [
     "Hello there, I am the avatar.",

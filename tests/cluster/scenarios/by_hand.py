@@ -26,15 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from talkloop.pipeline.cluster.connect import token_auth_env  # noqa: E402
 from talkloop.rtc.client import run_call, wait_serving  # noqa: E402
 
-from support import TALKLOOP, serving, tiny_args  # noqa: E402
+from support import TALKLOOP, emit, note, serving, tiny_args  # noqa: E402
 
 HEAD, WORKER, FRONT = "127.0.0.1", "127.0.0.2", "127.0.0.2"
 GCS_PORT, FRONT_PORT = 6390, 8091
 TINY = [*tiny_args(), "--steps", "2", "--backend", "torch"]
-
-
-def note(text: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
 def talkloop(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -95,7 +91,7 @@ def main() -> None:
         env = {**os.environ, "RAY_ADDRESS": ""}
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"],
                        capture_output=True, timeout=60, env=env)  # fmt: skip
-    print("RESULT " + json.dumps(result), flush=True)
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ from talkloop.rtc.ice import IceConfig  # noqa: E402
 
 from support import (  # noqa: E402
     TALKLOOP,
+    emit,
     live_config,
     make_reference,
+    note,
     page_call,
     send_speech,
     tiny_args,
@@ -55,14 +57,6 @@ NODE = {
 }
 SIZE = 64
 TINY = [*tiny_args(SIZE), "--steps", "2", "--backend", "torch", "--memory-mb", "300", "--quiet"]
-
-
-def note(text: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
-
-
-def emit(result: dict) -> None:
-    print("RESULT " + json.dumps(result), flush=True)
 
 
 def write_wav(path: Path, x: np.ndarray, rate: int = 16000) -> None:

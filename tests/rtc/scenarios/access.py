@@ -13,7 +13,8 @@ from talkloop.rtc.security import AccessPolicy
 from talkloop.rtc.server import AvatarServer
 from talkloop.rtc.tls import self_signed, server_context
 
-from common import HOST, chromium, emit, hang_up, make_reference, open_page, tiny_live_pipeline
+from common import HOST, chromium, hang_up, make_reference, open_page, tiny_live_pipeline
+from support import emit
 
 TOKEN = "a-long-enough-access-token"
 STATUS = "document.getElementById('status').textContent"

@@ -28,8 +28,8 @@ import websockets
 from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.audio.io import load_audio
 
-from common import emit, start_server, tiny_live_pipeline
-from support import page_call, send_speech
+from common import start_server, tiny_live_pipeline
+from support import emit, page_call, send_speech
 
 LOUD_RMS = 0.01
 

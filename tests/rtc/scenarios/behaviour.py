@@ -32,7 +32,8 @@ from talkloop.pipeline.models.registry import family_phases
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.client import WavMicrophone, run_call
 
-from common import FrameNumberStage, emit, frame_numbers, start_server, tiny_live_pipeline
+from common import FrameNumberStage, frame_numbers, start_server, tiny_live_pipeline
+from support import emit
 
 HANG_S = 60  # bounds a wait that should end in well under a second: a hang, not a timing
 

@@ -10,7 +10,6 @@ from playwright.async_api import async_playwright
 from common import (
     PAGE_STATS_JS,
     chromium,
-    emit,
     hang_up,
     open_page,
     page_url,
@@ -18,6 +17,7 @@ from common import (
     tiny_live_pipeline,
     wait_live,
 )
+from support import emit
 
 
 async def main() -> None:

@@ -11,7 +11,8 @@ from talkloop.pipeline.assets import HELLO_WAV
 from talkloop.pipeline.audio.io import load_audio
 from talkloop.rtc.client import run_call
 
-from common import emit, start_server, tiny_live_pipeline
+from common import start_server, tiny_live_pipeline
+from support import emit
 
 
 def av_offsets_ms(r) -> list[float]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 
@@ -125,10 +124,6 @@ async def start_server(pipeline: Pipeline, **kw) -> tuple[AvatarServer, str]:
     server = AvatarServer(pipeline, make_reference(size, size), "", config, **kw)
     port = await server.start(HOST, 0)
     return server, f"ws://{HOST}:{port}/ws"
-
-
-def emit(result: dict) -> None:
-    print("RESULT " + json.dumps(result), flush=True)
 
 
 # -- which generated frame a received frame shows ------------------------------------------------

@@ -13,7 +13,8 @@ import numpy as np
 from talkloop.pipeline.bench.worker import rss_mb
 from talkloop.rtc.client import run_call
 
-from common import emit, start_server, tiny_live_pipeline
+from common import start_server, tiny_live_pipeline
+from support import emit
 
 
 def own_threads() -> list[str]:

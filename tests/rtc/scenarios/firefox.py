@@ -20,7 +20,8 @@ from pathlib import Path
 
 import websockets
 
-from common import HOST, PAGE_STATS_JS, emit, page_url, start_server, tiny_live_pipeline
+from common import HOST, PAGE_STATS_JS, page_url, start_server, tiny_live_pipeline
+from support import emit
 
 FIREFOX = "/usr/bin/firefox-esr"
 PREFS = {

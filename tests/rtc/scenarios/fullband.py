@@ -12,8 +12,8 @@ import numpy as np
 from talkloop.agent.frames import AudioFrame
 from talkloop.rtc.client import run_call
 
-from common import emit, start_server, tiny_live_pipeline
-from support import band_share, loudest_second, tone
+from common import start_server, tiny_live_pipeline
+from support import band_share, emit, loudest_second, tone
 
 TONE_HZ = 10000  # above 8 kHz (gone at 16 kHz), below Opus's super-wideband edge (12 kHz)
 

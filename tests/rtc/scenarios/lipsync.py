@@ -30,8 +30,8 @@ from talkloop.pipeline.models.registry import build_pipeline, load_reference
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.client import run_call
 
-from common import FrameAudio, Sightings, cavity_share, emit, mouth_box, numbered, start_server
-from support import live_config
+from common import FrameAudio, Sightings, cavity_share, mouth_box, numbered, start_server
+from support import emit, live_config
 
 RATE = 16000
 # 1.5 s of silence, then 3 s of speech, a 1.6 s pause, 3 s more speech and a closing pause.

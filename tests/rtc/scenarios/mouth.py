@@ -33,7 +33,8 @@ from talkloop.rtc.call import CallConfig
 from talkloop.rtc.client import run_call
 from talkloop.rtc.server import AvatarServer
 
-from common import HOST, FrameAudio, Sightings, emit, numbered
+from common import HOST, FrameAudio, Sightings, numbered
+from support import emit
 
 SILENCE_S, SPEECH_S = 3.0, 5.0
 WANT = 50  # speech frames and silence frames that must reach the client

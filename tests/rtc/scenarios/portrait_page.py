@@ -14,14 +14,13 @@ from talkloop.pipeline.models.registry import build_pipeline, load_reference
 from common import (
     PAGE_STATS_JS,
     chromium,
-    emit,
     hang_up,
     open_page,
     page_url,
     start_server,
     wait_live,
 )
-from support import live_config
+from support import emit, live_config
 
 
 async def main() -> None:

@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import emit
-from support import serving, tiny_args
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for support
+
+from support import emit, serving, tiny_args  # noqa: E402
 
 SERVER_ADDR, CLIENT_ADDR = "127.1.0.1", "127.1.0.2"
 TOKEN = "another-machine-access-token"

@@ -8,7 +8,8 @@ import asyncio
 
 from playwright.async_api import async_playwright
 
-from common import PAGE_PAIR_JS, PAGE_STATS_JS, chromium, emit, hang_up, open_page, wait_live
+from common import PAGE_PAIR_JS, PAGE_STATS_JS, chromium, hang_up, open_page, wait_live
+from support import emit
 
 
 async def main() -> None:

@@ -12,8 +12,9 @@ from aiortc.rtcconfiguration import RTCIceTransportPolicy
 from talkloop.rtc.client import run_call
 from talkloop.rtc.ice import IceConfig
 
-from common import HOST, emit, start_server, tiny_live_pipeline
+from common import HOST, start_server, tiny_live_pipeline
 from coturn import PASSWORD, USER, coturn
+from support import emit
 
 
 def selected_pair(pc) -> tuple[str, str] | None:

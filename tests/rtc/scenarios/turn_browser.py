@@ -14,7 +14,6 @@ from common import (
     PAGE_PAIR_JS,
     PAGE_STATS_JS,
     chromium,
-    emit,
     hang_up,
     open_page,
     page_url,
@@ -23,6 +22,7 @@ from common import (
     wait_live,
 )
 from coturn import PASSWORD, USER, coturn
+from support import emit
 
 
 async def main() -> None:
