@@ -3,23 +3,15 @@ family's options given with another family, before any work starts."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
+from talkloop.pipeline.cli import build_parser
 from talkloop.pipeline.core.errors import ConfigError
-from talkloop.pipeline.train.cli import add_eval_parser, add_train_parser, cmd_eval, cmd_train
+from talkloop.pipeline.train.cli import cmd_eval, cmd_train
 
 pytestmark = pytest.mark.unit
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    add_train_parser(sub)
-    add_eval_parser(sub)
-    return parser.parse_args(argv)
 
 
 @pytest.mark.parametrize(
@@ -35,7 +27,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 )
 def test_another_familys_option_is_refused(tmp_path: Path, argv, message) -> None:
     out = tmp_path / "out"
-    args = _parse([*argv, "--out", str(out)])
+    args = build_parser().parse_args([*argv, "--out", str(out)])
     command = cmd_train if argv[0] == "train" else cmd_eval
     with pytest.raises(ConfigError, match=message):
         command(args)
@@ -43,7 +35,9 @@ def test_another_familys_option_is_refused(tmp_path: Path, argv, message) -> Non
 
 
 def test_each_family_adds_its_own_options_in_its_own_group() -> None:
-    args = _parse(["train", "--out", "x", "--family", "studio", "--steps-vae", "5"])
+    args = build_parser().parse_args(
+        ["train", "--out", "x", "--family", "studio", "--steps-vae", "5"]
+    )
     assert args.steps_vae == 5 and args.steps is None
     assert set(args.family_options) == {"portrait", "studio"}
     dests = {name: {a.dest for a in actions} for name, actions in args.family_options.items()}

@@ -167,17 +167,10 @@ def test_cli_trains_the_portrait_family(tmp_path: Path, capsys) -> None:
 def test_cli_refuses_studio_options_and_bad_values(tmp_path: Path, extra, message) -> None:
     out = tmp_path / "w"
     with pytest.raises(ConfigError, match=message):
+        from talkloop.pipeline.cli import build_parser
         from talkloop.pipeline.train.cli import cmd_train
 
-        cmd_train(_parse(["train", "--family", "portrait", "--out", str(out), *extra]))
+        cmd_train(
+            build_parser().parse_args(["train", "--family", "portrait", "--out", str(out), *extra])
+        )
     assert not out.exists()
-
-
-def _parse(argv: list[str]):
-    import argparse
-
-    from talkloop.pipeline.train.cli import add_train_parser
-
-    parser = argparse.ArgumentParser()
-    add_train_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(argv)
