@@ -57,6 +57,14 @@ def tiny_modules():
     return modules
 
 
+@pytest.fixture
+def backend_cache(tmp_path, monkeypatch):
+    """A fresh talkloop cache (TALKLOOP_CACHE): the folder where the backend and dtype choices and
+    the exported graphs go."""
+    monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path))
+    return tmp_path / "backends"
+
+
 @pytest.fixture(scope="module")
 def live_pipeline(tiny_modules):
     """A tiny pipeline with the live chunk schedule (a module's own; the modules are shared)."""

@@ -31,12 +31,6 @@ def cpu_flags(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path))
-    return tmp_path / "backends"
-
-
-@pytest.fixture
 def probe_seconds(monkeypatch: pytest.MonkeyPatch):
     """Probes are timed by what they return, not by a clock: ``time_probe`` reads the value."""
     calls: list[str] = []
@@ -62,7 +56,9 @@ def test_code_default_is_float32_on_every_cpu(cpu_flags) -> None:
     [("avx2", "avx512f"), (), ("fma",)],  # AVX-512 without its bf16 extension: emulated
     ids=["avx512-no-bf16", "no-flags", "avx2-only"],
 )
-def test_auto_without_native_bf16_is_float32_without_timing(cpu_flags, cache, flags) -> None:
+def test_auto_without_native_bf16_is_float32_without_timing(
+    cpu_flags, backend_cache, flags
+) -> None:
     cpu_flags(*flags)
 
     def make_probes(candidates):
@@ -73,7 +69,7 @@ def test_auto_without_native_bf16_is_float32_without_timing(cpu_flags, cache, fl
 
 @pytest.mark.parametrize("winner", ["float32", "bfloat16"])
 def test_auto_with_native_bf16_takes_the_faster_probe_and_caches_it(
-    cpu_flags, cache, probe_seconds, winner
+    cpu_flags, backend_cache, probe_seconds, winner
 ) -> None:
     cpu_flags("avx512f", "avx512_bf16")
     seconds = {"float32": 2.0, "bfloat16": 3.0} if winner == "float32" else {"float32": 3.0}
@@ -87,13 +83,13 @@ def test_auto_with_native_bf16_takes_the_faster_probe_and_caches_it(
     assert select.resolve_dtype("auto", "cpu", "fam:w", make_probes) == winner
     assert select.resolve_dtype("auto", "cpu", "fam:w", make_probes) == winner
     assert made == [("float32", "bfloat16")]  # the second call read the cache
-    (saved,) = cache.glob("dtype-*.json")
+    (saved,) = backend_cache.glob("dtype-*.json")
     assert json.loads(saved.read_text()) == {"dtype": winner, "probe_s": seconds}
     select.resolve_dtype("auto", "cpu", "fam:other-weights", make_probes)
     assert len(made) == 2  # another identity is timed again
 
 
-def test_explicit_dtypes_are_kept_and_cuda_auto_is_bf16(cpu_flags, cache) -> None:
+def test_explicit_dtypes_are_kept_and_cuda_auto_is_bf16(cpu_flags, backend_cache) -> None:
     def make_probes(candidates):
         raise AssertionError("an explicit dtype is never timed")
 
@@ -106,7 +102,7 @@ def test_explicit_dtypes_are_kept_and_cuda_auto_is_bf16(cpu_flags, cache) -> Non
 
 @pytest.mark.parametrize("family", ["studio", "portrait"])
 def test_auto_probes_the_family_session_in_both_dtypes(
-    cpu_flags, cache, monkeypatch, family
+    cpu_flags, backend_cache, monkeypatch, family
 ) -> None:
     """The probe renders a real session of the family in float32 and on a bf16 copy; the
     modules then load in the winner and the pipeline computes in it."""
@@ -133,14 +129,14 @@ def test_auto_probes_the_family_session_in_both_dtypes(
     assert pipeline.compute_dtype == "bfloat16"
     with pipeline.autocast():
         assert torch.is_autocast_enabled("cpu")
-    (saved,) = cache.glob("dtype-*.json")
+    (saved,) = backend_cache.glob("dtype-*.json")
     assert json.loads(saved.read_text())["dtype"] == "bfloat16"
     rendered.clear()
     load_modules(config)  # a second load reads the cached choice
     assert rendered == []
 
 
-def test_exported_backend_auto_is_float32_without_timing(cpu_flags, cache) -> None:
+def test_exported_backend_auto_is_float32_without_timing(cpu_flags, backend_cache) -> None:
     from talkloop.pipeline.models.registry import choose_dtype
 
     cpu_flags("avx512_bf16")

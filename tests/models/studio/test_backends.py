@@ -23,12 +23,6 @@ pytestmark = pytest.mark.unit
 EXPORTED = [b for b in ("onnxruntime", "openvino") if b in available_backends()]
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path))
-    return tmp_path / "backends"
-
-
 def test_backend_flag_parses_into_the_config() -> None:
     from talkloop.pipeline.args import config_from_args
     from talkloop.pipeline.cli import build_parser
@@ -65,7 +59,7 @@ def test_unavailable_backend_is_a_clear_error(monkeypatch) -> None:
         resolve_backend("openvino", "cpu", "x", lambda c: {})
 
 
-def test_auto_times_the_candidates_once_and_caches_the_fastest(cache, monkeypatch) -> None:
+def test_auto_times_the_candidates_once_and_caches_the_fastest(backend_cache, monkeypatch) -> None:
     from talkloop.pipeline.backends import select
 
     monkeypatch.setattr(
@@ -84,7 +78,7 @@ def test_auto_times_the_candidates_once_and_caches_the_fastest(cache, monkeypatc
     assert resolve_backend("auto", "cpu", "weights-a", make_probes) == "onnxruntime"
     assert resolve_backend("auto", "cpu", "weights-a", make_probes) == "onnxruntime"
     assert len(calls) == 1  # the second process-level call read the cache
-    (saved,) = cache.glob("auto-*.json")
+    (saved,) = backend_cache.glob("auto-*.json")
     assert json.loads(saved.read_text()) == {"backend": "onnxruntime", "probe_s": seconds}
     resolve_backend("auto", "cpu", "weights-b", make_probes)  # other weights: timed again
     assert len(calls) == 2
@@ -102,7 +96,7 @@ def test_time_probe_is_the_fastest_of_its_runs_after_a_warm_up(monkeypatch) -> N
     assert len(ran) == 4  # one warm-up call, then the three timed ones
 
 
-def test_cache_writes_are_all_or_nothing(cache) -> None:
+def test_cache_writes_are_all_or_nothing(backend_cache) -> None:
     target = cache_mod.cache_dir() / "graph.onnx"
 
     def fail(tmp):
@@ -111,7 +105,7 @@ def test_cache_writes_are_all_or_nothing(cache) -> None:
 
     with pytest.raises(RuntimeError):
         cache_mod.cached_file(target, fail)
-    assert list(cache.iterdir()) == []  # neither the target nor a temporary file is left
+    assert list(backend_cache.iterdir()) == []  # neither the target nor a temporary file is left
     cache_mod.cached_file(target, lambda tmp: tmp.write_bytes(b"whole"))
     cache_mod.cached_file(target, fail)  # present: not made again
     assert target.read_bytes() == b"whole"
@@ -128,7 +122,7 @@ def test_weights_hash_follows_the_weights() -> None:
 
 
 @pytest.mark.parametrize("backend", EXPORTED)
-def test_exported_graphs_match_torch_at_any_frame_count(backend, cache, randomise) -> None:
+def test_exported_graphs_match_torch_at_any_frame_count(backend, backend_cache, randomise) -> None:
     from talkloop.pipeline.models.studio.backend import A2VForward, _ClassForward
 
     torch.manual_seed(0)
@@ -165,10 +159,10 @@ def test_exported_graphs_match_torch_at_any_frame_count(backend, cache, randomis
                 mouth_graph(z, au), type(mouth).forward(mouth, z, au), atol=1e-4, rtol=1e-4
             )
     assert len(a2v_graph.text.runners) == len(sr_graph.runners) == len(mouth_graph.runners) == 1
-    assert len(list(cache.glob("sr-fp32-*.onnx"))) == 1
+    assert len(list(backend_cache.glob("sr-fp32-*.onnx"))) == 1
 
 
-def test_tanh_gelu_exports_as_one_node(cache) -> None:
+def test_tanh_gelu_exports_as_one_node(backend_cache) -> None:
     """The DiTs' MLP GELU (tanh form) is one FastGelu node in the graph, run alike by both
     runtimes; the exact (erf) GELU keeps the standard export."""
     import onnx
@@ -186,8 +180,8 @@ def test_tanh_gelu_exports_as_one_node(cache) -> None:
             return nn.functional.gelu(x)
 
     for net, fused in ((mlp, True), (ExactGelu(), False)):
-        path = cache / f"{type(net).__name__}.onnx"
-        cache.mkdir(parents=True, exist_ok=True)
+        path = backend_cache / f"{type(net).__name__}.onnx"
+        backend_cache.mkdir(parents=True, exist_ok=True)
         export_onnx(net, (x,), ("x",), path)
         ops = [n.op_type for n in onnx.load(str(path)).graph.node]
         assert ("FastGelu" in ops) is fused and ("Tanh" in ops) is False
@@ -197,7 +191,7 @@ def test_tanh_gelu_exports_as_one_node(cache) -> None:
 
 
 @pytest.mark.parametrize("preset", ["tiny", "default"])
-def test_decoder_graph_computes_the_decoder(preset, cache, randomise) -> None:
+def test_decoder_graph_computes_the_decoder(preset, backend_cache, randomise) -> None:
     """The decoder as exported (a transposed conv for the 2x shuffle, the 4x4 cells channels-
     last) gives the decoder's frames, in torch and through each backend's float32 graph."""
     from talkloop.pipeline.models.studio.backend import DecoderGraph, cells_to_frames
@@ -218,7 +212,7 @@ def test_decoder_graph_computes_the_decoder(preset, cache, randomise) -> None:
 
 
 @pytest.mark.skipif(not EXPORTED, reason="needs onnxruntime or openvino")
-def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
+def test_studio_auto_is_decided_per_chunk_shape(backend_cache) -> None:
     """A live server (short chunks) and an offline render of the same weights each rank the
     backends on their own chunk's work, once: the ranking differs between the two."""
     from talkloop.pipeline.backends.select import schedule_key
@@ -230,10 +224,10 @@ def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
     live = tiny_config(model={"backend": "auto"}, schedule={"n_len": 4}, sampler={"steps": 1})
     assert schedule_key(offline) != schedule_key(live)
     load_modules(offline)
-    assert len(list(cache.glob("auto-*.json"))) == 1
+    assert len(list(backend_cache.glob("auto-*.json"))) == 1
     load_modules(live)
     load_modules(offline)
-    saved = sorted(cache.glob("auto-*.json"))
+    saved = sorted(backend_cache.glob("auto-*.json"))
     assert len(saved) == 2
     for path in saved:
         probe_s = json.loads(path.read_text())["probe_s"]
@@ -241,7 +235,7 @@ def test_studio_auto_is_decided_per_chunk_shape(cache) -> None:
 
 
 @pytest.mark.skipif(not EXPORTED, reason="needs onnxruntime or openvino")
-def test_studio_auto_probes_networks_that_compute_in_bf16(cache) -> None:
+def test_studio_auto_probes_networks_that_compute_in_bf16(backend_cache) -> None:
     """Where the networks compute in bf16, the exported probes run float32 copies (exporting the
     bf16 SR and mouth nets themselves failed with a dtype mismatch)."""
     from talkloop.pipeline.backends.report import describe
@@ -252,12 +246,14 @@ def test_studio_auto_probes_networks_that_compute_in_bf16(cache) -> None:
     modules = load_modules(tiny_config(model={"backend": "auto", "dtype": "bfloat16"}))
     runtime = describe(modules, "bfloat16")
     assert runtime["backend"] in available_backends()
-    (saved,) = cache.glob("auto-*.json")
+    (saved,) = backend_cache.glob("auto-*.json")
     assert set(json.loads(saved.read_text())["probe_s"]) == set(available_backends())
 
 
 @pytest.mark.skipif(not EXPORTED, reason="needs onnxruntime or openvino")
-def test_graphs_are_exported_from_the_float32_weights_when_torch_computes_in_bf16(cache) -> None:
+def test_graphs_are_exported_from_the_float32_weights_when_torch_computes_in_bf16(
+    backend_cache,
+) -> None:
     """In bf16 the torch side's weights are cast down; the graphs still get the exact float32
     weights (cast down and back up they would have lost their low bits)."""
     import torch
