@@ -78,8 +78,12 @@ def _seam_distance(t: np.ndarray, seams: np.ndarray) -> np.ndarray:
 
 
 def _over(base: np.ndarray, top: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    a = alpha[..., None]
-    return base * (1 - a) + top * a
+    """``top`` over ``base`` (both (h, w, 3) float32) with ``alpha`` (h, w) float32."""
+    alpha = np.ascontiguousarray(alpha, np.float32)
+    return cv2.blendLinear(
+        np.ascontiguousarray(top, np.float32), np.ascontiguousarray(base, np.float32),
+        alpha, 1.0 - alpha,
+    )  # fmt: skip
 
 
 def closed_lip_source(image: np.ndarray, landmarks: np.ndarray, share: float) -> np.ndarray:
@@ -365,7 +369,6 @@ class MouthPainter:
         lo: np.ndarray,
         teeth_up: np.ndarray,
         teeth_lo: np.ndarray,
-        teeth: float,
         tongue: float,
     ) -> None:
         """Paint the mouth between the moved lips into ``frame`` (in place).
@@ -375,8 +378,6 @@ class MouthPainter:
             up, lo: (11, 2) the moved inner upper / lower lip contours in frame pixels.
             teeth_up, teeth_lo: (11, 2) the rig's upper (skull) and lower (jaw) teeth anchors
                 in frame pixels; at rest both lie on ``seam``.
-            teeth: 0..1 how much the lips bare the teeth (the rig moves the lips for it; here
-                it only brightens what shows).
             tongue: 0..1 how high the tongue rises.
         """
         h, w = frame.shape[:2]
@@ -391,14 +392,15 @@ class MouthPainter:
         if x1 - x0 < 3 or y1 - y0 < 3:
             return
         ch, cw = y1 - y0, x1 - x0
-        xs = np.arange(x0, x1, dtype=np.float64)
+        xs = np.arange(x0, x1, dtype=np.float32)
         ou, ol = np.argsort(up[:, 0]), np.argsort(lo[:, 0])
-        top = np.interp(xs, up[ou, 0], up[ou, 1])[None]  # (1, cw) upper lip edge per column
-        bot = np.interp(xs, lo[ol, 0], lo[ol, 1])[None]
-        bot = np.maximum(bot, top)
-        ys = np.arange(y0, y1, dtype=np.float64)[:, None]  # (ch, 1)
+        # (1, cw) float32 the upper / lower lip's inner edge per column
+        top = np.interp(xs, up[ou, 0], up[ou, 1]).astype(np.float32)[None]
+        bot = np.maximum(np.interp(xs, lo[ol, 0], lo[ol, 1]).astype(np.float32)[None], top)
+        ys = np.arange(y0, y1, dtype=np.float32)[:, None]  # (ch, 1)
         left, right = min(up[0, 0], up[-1, 0]), max(up[0, 0], up[-1, 0])
-        across = np.clip(np.abs(xs - 0.5 * (left + right)) / max(0.5 * (right - left), 1.0), 0, 1)
+        mid, half = np.float32(0.5 * (left + right)), np.float32(max(0.5 * (right - left), 1.0))
+        across = np.clip(np.abs(xs - mid) / half, 0, 1)
 
         # The gap between the lips, and its rounded opening.
         poly = np.concatenate([up, lo[-2:0:-1]]) - (x0, y0)
@@ -421,15 +423,16 @@ class MouthPainter:
                 (x0, y0), (cw, ch), xs, ys, top, bot, across, teeth_up, teeth_lo, tongue
             )
             out = _over(out, interior, open_a)
-        if self.stomion > 0:
+        touch = bot - top < 1.5  # (1, cw) columns where the lips meet
+        if self.stomion > 0 and touch.any():
             # The seam where the lips touch: darker towards the corners, gone where they part.
             ends = np.clip((1 - across) / 0.08, 0, 1)
-            k = self.stomion * (0.7 + 0.6 * across**2) * ends  # (1, cw)
-            line = np.exp(-(((ys - 0.5 * (top + bot)) / 1.0) ** 2)) * (bot - top < 1.5)
-            a = (k * line * (1 - open_a))[..., None]
-            out = out * (1 - a) + self.seam_rgb[None, None] * a
+            k = self.stomion * (0.7 + 0.6 * across**2) * ends * touch  # (cw,)
+            line = np.exp(-((ys - 0.5 * (top + bot)) ** 2))  # (ch, cw)
+            a = k * line * (1 - open_a)
+            seam = np.broadcast_to(self.seam_rgb[None, None], out.shape)
+            out = _over(out, seam, a)
         frame[y0:y1, x0:x1] = np.clip(out + 0.5, 0, 255).astype(np.uint8)
-        del teeth
 
     def _interior(
         self,
@@ -452,7 +455,7 @@ class MouthPainter:
         # Darker towards the corners and up under the roof, where no light reaches.
         down = np.clip((ys - top) / np.maximum(bot - top, 1.0), 0, 1)  # (ch, cw) 0 top, 1 floor
         lum = (1 - 0.45 * across**2) * (0.6 + 0.55 * down**1.5)
-        img = (self.cavity_rgb * light)[None, None] * lum[..., None].astype(np.float32)
+        img = (self.cavity_rgb * light).astype(np.float32)[None, None] * lum[..., None]
         skull = _similarity(self.seam, teeth_up)
         jaw = _similarity(self.seam, teeth_lo)
         # The tongue rises in the jaw's frame: towards the upper teeth as the jaw opens.
@@ -471,4 +474,4 @@ class MouthPainter:
         shade = 1 - 0.15 * np.exp(-np.maximum(below, 0) / (0.15 * gap + 1.0))
         shade *= 1 - 0.15 * np.exp(-np.maximum(above, 0) / (0.06 * gap + 0.8))
         del xs
-        return img * shade[..., None]
+        return img * shade[..., None].astype(np.float32)

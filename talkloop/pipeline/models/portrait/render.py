@@ -251,7 +251,6 @@ class PortraitRenderer:
                 lo.astype(np.float64),
                 anchors[:11],
                 anchors[11:],
-                float(np.clip(p[F["teeth"]], 0, 1)),
                 float(np.clip(p[F["tongue"]], 0, 1)),
             )
         return frames
