@@ -121,15 +121,19 @@ def closed_lip_source(image: np.ndarray, landmarks: np.ndarray, share: float) ->
 
     top, bot = edge(topo.LIPS_INNER_UPPER), edge(topo.LIPS_INNER_LOWER)
     bot = np.maximum(bot, top)
-    thick_up = np.maximum(top - edge(topo.LIPS_OUTER_UPPER), 1.0)
-    thick_lo = np.maximum(edge(topo.LIPS_OUTER_LOWER) - bot, 1.0)
     seam = top + share * (bot - top)
-    k_up = np.minimum(1.0, 0.6 * thick_up / np.maximum(seam - top, 1e-3))
-    k_lo = np.minimum(1.0, 0.6 * thick_lo / np.maximum(bot - seam, 1e-3))
-    my = np.where(ys < seam, top - (ys - top) * k_up, bot + (bot - ys) * k_lo)
-    mx = np.broadcast_to(xs, my.shape)
-    mirrored = cv2.remap(image, mx.astype(np.float32), my.astype(np.float32), cv2.INTER_LINEAR,
-                         borderMode=cv2.BORDER_REPLICATE)  # fmt: skip
+    # Each side of the seam takes its lip's inner band (a few rows beyond the lip's edge, the
+    # same in every row: the gap only ever shrinks, any structure in it would be squeezed into
+    # streaks), smoothed along the mouth so no column stands out.
+    band = []
+    for edge_y, out_dir in ((top, -1.0), (bot, 1.0)):
+        acc = np.zeros((1, x1 - x0, 3), np.float32)
+        for k in (1.5, 2.5, 3.5):
+            yk = (edge_y + out_dir * k).astype(np.float32)
+            acc += cv2.remap(image, xs.astype(np.float32), yk, cv2.INTER_LINEAR,
+                             borderMode=cv2.BORDER_REPLICATE).astype(np.float32) / 3  # fmt: skip
+        band.append(cv2.GaussianBlur(acc, (5, 1), 0))
+    mirrored = np.where((ys < seam)[..., None], band[0], band[1])  # (ch, cw, 3)
     inside = mouth_opening_mask((h, w), landmarks)[y0:y1, x0:x1]
     grown = cv2.dilate(inside, np.ones((3, 3), np.uint8))  # the contour's own pixel too
     crop = out[y0:y1, x0:x1]
