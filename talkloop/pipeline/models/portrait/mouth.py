@@ -4,16 +4,18 @@ The interior is a stack of layers, each a fixed texture of this photo made once 
 jaw, so the teeth are the same in every frame: the upper teeth ride the skull, the lower teeth
 and the tongue the lower jaw (the rig's teeth anchors give both frames as similarities), over a
 dark cavity whose light follows the opening. Where the photo shows its upper teeth they are the
-photo's own pixels (the rows under the upper lip continued upwards); otherwise, and for the
-lower teeth always, a template coloured and lit from the photo. The lips' inner edges shade the
+photo's own pixels (continued up under the upper lip, and at the sides down under the lower
+lip to the front teeth's edge line); otherwise, and for the lower teeth always, a template
+coloured and lit from the photo. The lips' inner edges shade the
 layers (the upper lip's shadow, no drawn outline).
 
 The opening is the moved inner-lip polygon with rounded ends: its level set after a blur as
 wide as a fraction of the opening, so the lips stay in contact for a short length at each
 corner and never meet in a point. Where they are in contact (those corners, and all of the
-mouth at rest on a photo that parts its lips), the lips' own texture is carried over the seam
-(each side mirrored about its own edge, not stretched) and the seam is shaded darker towards
-the corners. A photo whose own lips are closed keeps its own lip line there instead.
+mouth at rest on a photo that parts its lips) the warp shows the lips themselves: the photo it
+warps has the gap between its lips filled with each lip's own colour (``closed_lip_source``),
+so closing squeezes lip, not teeth, into the seam, which is shaded darker towards the corners.
+A photo whose own lips are closed keeps its own lip line there instead.
 """
 
 from __future__ import annotations
