@@ -66,6 +66,14 @@ def backend_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
+def tiny_pipeline(tiny_modules):
+    """A tiny pipeline (tiny_config, the shared modules): a module's own."""
+    from talkloop.pipeline.models.registry import build_pipeline
+
+    return build_pipeline(tiny_config(), tiny_modules)
+
+
+@pytest.fixture(scope="module")
 def live_pipeline(tiny_modules):
     """A tiny pipeline with the live chunk schedule (a module's own; the modules are shared)."""
     from talkloop.pipeline.models.registry import build_pipeline

@@ -75,15 +75,10 @@ def test_undeclared_field_access_is_an_error() -> None:
 # -- the loop -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pipeline(tiny_modules) -> Pipeline:
-    return build_pipeline(tiny_config(), tiny_modules)
-
-
-def test_streaming_and_batch_give_bit_identical_frames(pipeline, speech) -> None:
+def test_streaming_and_batch_give_bit_identical_frames(tiny_pipeline, speech) -> None:
     audio = speech[: int(2.3 * RATE)]
-    batch = render_batch(pipeline, audio)
-    stream = render_streaming(pipeline, audio)
+    batch = render_batch(tiny_pipeline, audio)
+    stream = render_streaming(tiny_pipeline, audio)
     a, b = batch.all_frames(), stream.all_frames()
     assert a.shape == b.shape == (frames_for_samples(audio.shape[0], 25, RATE), 64, 64, 3)
     assert np.array_equal(a, b)
@@ -92,19 +87,19 @@ def test_streaming_and_batch_give_bit_identical_frames(pipeline, speech) -> None
     assert np.abs(np.diff(a.astype(np.int16), axis=0)).mean() > 0
 
 
-def test_same_seed_same_frames_other_seed_differs(pipeline, speech) -> None:
+def test_same_seed_same_frames_other_seed_differs(tiny_pipeline, speech) -> None:
     audio = speech[:RATE]
-    a = render_batch(pipeline, audio, seed=3).all_frames()
-    b = render_batch(pipeline, audio, seed=3).all_frames()
-    c = render_batch(pipeline, audio, seed=4).all_frames()
+    a = render_batch(tiny_pipeline, audio, seed=3).all_frames()
+    b = render_batch(tiny_pipeline, audio, seed=3).all_frames()
+    c = render_batch(tiny_pipeline, audio, seed=4).all_frames()
     assert np.array_equal(a, b)
     assert not np.array_equal(a, c)
 
 
 @pytest.mark.parametrize("seconds", [0.01, 0.04, 0.05, 0.33, 1.0, 2.27])
-def test_every_sample_published_once_with_its_frame(pipeline, speech, seconds) -> None:
+def test_every_sample_published_once_with_its_frame(tiny_pipeline, speech, seconds) -> None:
     audio = speech[: max(1, int(seconds * RATE))]
-    sink = render_batch(pipeline, audio)
+    sink = render_batch(tiny_pipeline, audio)
     frames = sink.all_frames()
     assert frames.shape[0] == frames_for_samples(audio.shape[0], 25, RATE)
     # Segments arrive in display order, back to back.
@@ -121,15 +116,15 @@ def test_every_sample_published_once_with_its_frame(pipeline, speech, seconds) -
     assert sink.closed and not sink.aborted
 
 
-def test_audio_shorter_than_one_chunk(pipeline) -> None:
+def test_audio_shorter_than_one_chunk(tiny_pipeline) -> None:
     audio = np.full(100, 0.1, np.float32)  # 6 ms: less than one frame
-    sink = render_batch(pipeline, audio)
+    sink = render_batch(tiny_pipeline, audio)
     assert sink.all_frames().shape[0] == 1
     assert np.array_equal(sink.all_audio(), audio)
 
 
-def test_empty_audio_gives_no_frames(pipeline) -> None:
-    sink = render_batch(pipeline, np.zeros(0, np.float32))
+def test_empty_audio_gives_no_frames(tiny_pipeline) -> None:
+    sink = render_batch(tiny_pipeline, np.zeros(0, np.float32))
     assert sink.frames == [] and sink.closed
 
 
@@ -171,10 +166,10 @@ def test_prompt_change_applies_from_next_chunk(tiny_modules, speech) -> None:
     assert not np.array_equal(sink.frames[1], plain[1])  # the prompt applies from the next chunk
 
 
-def test_bad_audio_and_reference_rejected(pipeline) -> None:
+def test_bad_audio_and_reference_rejected(tiny_pipeline) -> None:
     with pytest.raises(InputError, match="reference must be"):
-        pipeline.open_session(np.zeros((10, 10, 3), np.uint8))
-    session = pipeline.open_session(make_reference())
+        tiny_pipeline.open_session(np.zeros((10, 10, 3), np.uint8))
+    session = tiny_pipeline.open_session(make_reference())
     with pytest.raises(InputError, match="1-D float"):
         session.push_audio(np.zeros((2, 10), np.float32))
     with pytest.raises(InputError, match="NaN"):
@@ -184,22 +179,22 @@ def test_bad_audio_and_reference_rejected(pipeline) -> None:
         session.push_audio(np.zeros(10, np.float32))
 
 
-def test_sink_error_aborts_every_sink(pipeline, speech) -> None:
+def test_sink_error_aborts_every_sink(tiny_pipeline, speech) -> None:
     class Broken(CollectSink):
         def write(self, video, audio) -> None:
             raise OSError("disk full")
 
     good = CollectSink()
-    session = pipeline.open_session(make_reference(), sinks=[good, Broken()])
+    session = tiny_pipeline.open_session(make_reference(), sinks=[good, Broken()])
     with pytest.raises(OSError, match="disk full"):
         session.render([speech[:RATE]])
     assert good.aborted and not good.closed
 
 
-def test_released_audio_is_never_read_again(pipeline, speech) -> None:
+def test_released_audio_is_never_read_again(tiny_pipeline, speech) -> None:
     """The audio buffer stays bounded while frames are published."""
     sink = CollectSink()
-    session = pipeline.open_session(make_reference(), sinks=[sink])
+    session = tiny_pipeline.open_session(make_reference(), sinks=[sink])
     sizes = []
     for block in blocks(np.resize(speech, 10 * RATE), 1600):
         session.push_audio(block)
@@ -213,10 +208,10 @@ def test_released_audio_is_never_read_again(pipeline, speech) -> None:
     assert torch.is_tensor(session.state.fields["context_latents"])
 
 
-def test_live_catch_up_skips_whole_chunks_when_far_behind(pipeline, speech) -> None:
+def test_live_catch_up_skips_whole_chunks_when_far_behind(tiny_pipeline, speech) -> None:
     """With 3 s of audio already waiting, a live session skips chunks instead of lagging."""
     sink = CollectSink()
-    session = pipeline.open_session(make_reference(), sinks=[sink])
+    session = tiny_pipeline.open_session(make_reference(), sinks=[sink])
     audio = np.resize(speech, 4 * RATE)
     session.push_audio(audio)
     session.end_audio()

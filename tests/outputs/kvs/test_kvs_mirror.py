@@ -19,11 +19,10 @@ from fake_kvs import FakeKvs
 from kvs_helpers import ACCESS_KEY, SECRET_KEY, STREAM, clean_aws_env, decode_mkv, kvs_threads
 
 from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.pipeline.outputs.kvs import KvsSink
 from talkloop.pipeline.outputs.mp4 import Mp4Sink
 
-from support import CollectSink, make_reference, tiny_args, tiny_config
+from support import CollectSink, make_reference, tiny_args
 
 pytestmark = pytest.mark.e2e
 
@@ -34,11 +33,6 @@ SECONDS = 2.0
 @pytest.fixture
 def aws(monkeypatch, tmp_path) -> None:
     clean_aws_env(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def pipeline(tiny_modules) -> Pipeline:
-    return build_pipeline(tiny_config(), tiny_modules)
 
 
 def mirror(url: str, **kw) -> KvsSink:
@@ -65,12 +59,12 @@ def run(pipeline: Pipeline, audio: np.ndarray, sinks: list) -> None:
     session.render([audio])
 
 
-def test_mirror_matches_primary_output(aws, pipeline, speech) -> None:
+def test_mirror_matches_primary_output(aws, tiny_pipeline, speech) -> None:
     audio = speech[: int(16000 * SECONDS)]
     primary = CollectSink()
     with FakeKvs(ACCESS_KEY, SECRET_KEY) as kvs:
         sink = mirror(kvs.url)
-        run(pipeline, audio, [primary, sink])
+        run(tiny_pipeline, audio, [primary, sink])
     status = sink.status
     assert not kvs_threads()
     assert len(kvs.connections) == 1 and kvs.connections[0].signature_ok
@@ -124,11 +118,11 @@ def test_mirror_matches_primary_output(aws, pipeline, speech) -> None:
     assert n >= len(audio) - 1024 and corr > 0.9, (n, corr)
 
 
-def test_dropped_connection_resumes_on_a_keyframe(aws, pipeline, speech) -> None:
+def test_dropped_connection_resumes_on_a_keyframe(aws, tiny_pipeline, speech) -> None:
     audio = speech[: int(16000 * SECONDS)]
     with FakeKvs(ACCESS_KEY, SECRET_KEY, drop_after=2) as kvs:
         sink = mirror(kvs.url)
-        run(pipeline, audio, [CollectSink(), sink])
+        run(tiny_pipeline, audio, [CollectSink(), sink])
     status = sink.status
     assert not kvs_threads()
     assert len(kvs.connections) >= 2 and kvs.connections[0].dropped
@@ -179,7 +173,7 @@ class Recorder:
 
 @pytest.mark.parametrize("stall", ["network", "encoder"])
 def test_stalled_mirror_neither_slows_nor_harms_the_primary(
-    aws, pipeline, speech, tmp_path, monkeypatch, stall
+    aws, tiny_pipeline, speech, tmp_path, monkeypatch, stall
 ) -> None:
     """The primary never waits on a stalled mirror, shown by the order of events, not by timing.
 
@@ -193,7 +187,7 @@ def test_stalled_mirror_neither_slows_nor_harms_the_primary(
     """
     audio = speech[: int(16000 * SECONDS)]
     alone = CollectSink()
-    run(pipeline, audio, [alone])
+    run(tiny_pipeline, audio, [alone])
 
     release, gave_up = threading.Event(), threading.Event()
     if stall == "encoder":
@@ -220,7 +214,7 @@ def test_stalled_mirror_neither_slows_nor_harms_the_primary(
             Recorder(Mp4Sink(out), "primary", sink, log),
             Recorder(primary, "primary", sink, log),
         ]
-        session = threading.Thread(target=run, args=(pipeline, audio, sinks))
+        session = threading.Thread(target=run, args=(tiny_pipeline, audio, sinks))
         session.start()
         session.join(120)  # a hang bound only: a session that waited on the mirror never ends
         finished_before_release = not session.is_alive()
@@ -250,7 +244,7 @@ def test_stalled_mirror_neither_slows_nor_harms_the_primary(
         assert sum(1 for _ in c.decode(video=0)) == round(SECONDS * 25)
 
 
-def test_network_down_drops_oldest_fragments_counted(aws, pipeline, speech, tmp_path) -> None:
+def test_network_down_drops_oldest_fragments_counted(aws, tiny_pipeline, speech, tmp_path) -> None:
     audio = speech[: int(16000 * SECONDS)]
     closed = socket.create_server(("127.0.0.1", 0))
     dead_url = f"http://127.0.0.1:{closed.getsockname()[1]}"
@@ -258,7 +252,7 @@ def test_network_down_drops_oldest_fragments_counted(aws, pipeline, speech, tmp_
     primary = CollectSink()
     with FakeKvs(ACCESS_KEY, SECRET_KEY) as kvs:
         sink = mirror(kvs.url, data_endpoint_url=dead_url, max_fragments=2, drain_timeout_s=0.2)
-        run(pipeline, audio, [primary, sink])
+        run(tiny_pipeline, audio, [primary, sink])
     status = sink.status
     assert not kvs_threads()
     assert len(primary.all_frames()) == round(SECONDS * 25)
@@ -269,13 +263,13 @@ def test_network_down_drops_oldest_fragments_counted(aws, pipeline, speech, tmp_
     assert "Connection refused" in (status.last_error or "") or "Errno" in (status.last_error or "")
 
 
-def test_missing_credentials_one_clear_error(monkeypatch, tmp_path, pipeline, speech, caplog):
+def test_missing_credentials_one_clear_error(monkeypatch, tmp_path, tiny_pipeline, speech, caplog):
     clean_aws_env(monkeypatch, tmp_path, with_credentials=False)
     audio = speech[: int(16000 * SECONDS)]
     primary = CollectSink()
     with FakeKvs(ACCESS_KEY, SECRET_KEY) as kvs, caplog.at_level(logging.INFO, "talkloop.kvs"):
         sink = mirror(kvs.url)
-        run(pipeline, audio, [primary, sink])
+        run(tiny_pipeline, audio, [primary, sink])
     assert not kvs.connections
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "no AWS credentials" in errors[0].getMessage()
@@ -284,11 +278,11 @@ def test_missing_credentials_one_clear_error(monkeypatch, tmp_path, pipeline, sp
     assert not kvs_threads()
 
 
-def test_error_acks_are_counted_and_streaming_continues(aws, pipeline, speech) -> None:
+def test_error_acks_are_counted_and_streaming_continues(aws, tiny_pipeline, speech) -> None:
     audio = speech[: int(16000 * SECONDS)]
     with FakeKvs(ACCESS_KEY, SECRET_KEY, error_on=frozenset({1})) as kvs:
         sink = mirror(kvs.url)
-        run(pipeline, audio, [CollectSink(), sink])
+        run(tiny_pipeline, audio, [CollectSink(), sink])
     status = sink.status
     assert status.fragments_acked["ERROR"] == 1
     assert "4006" in (status.last_error or "")
@@ -296,12 +290,12 @@ def test_error_acks_are_counted_and_streaming_continues(aws, pipeline, speech) -
     assert len(kvs.connections) == 1 and status.state == "closed"
 
 
-def test_bad_signature_is_one_clear_error(monkeypatch, tmp_path, pipeline, speech, caplog):
+def test_bad_signature_is_one_clear_error(monkeypatch, tmp_path, tiny_pipeline, speech, caplog):
     clean_aws_env(monkeypatch, tmp_path)
     primary = CollectSink()
     with FakeKvs(ACCESS_KEY, "another-secret") as kvs, caplog.at_level(logging.INFO):
         sink = mirror(kvs.url)
-        run(pipeline, speech[: int(16000 * SECONDS)], [primary, sink])
+        run(tiny_pipeline, speech[: int(16000 * SECONDS)], [primary, sink])
     assert kvs.signature_failures >= 1
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "403" in errors[0].getMessage()
