@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -26,10 +26,8 @@ from talkloop.pipeline.audio.resample import StreamResampler
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.session import Session
 from talkloop.pipeline.outputs.sink import Sink
+from talkloop.rtc.peer import Peer
 from talkloop.rtc.tracks import AvatarAudioTrack, AvatarVideoTrack, stamp_bits
-
-if TYPE_CHECKING:
-    from talkloop.rtc.peer import Peer
 
 
 class CallConfig(AvatarConfig):

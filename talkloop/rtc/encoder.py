@@ -3,10 +3,22 @@
 aiortc opens libx264 at its default preset (``medium``) with as many threads as x264 likes. For
 a 256x256 talking head that spends CPU the avatar's generation needs on the same cores; at
 ``veryfast`` on one thread x264 takes a fraction of that CPU for the same picture quality and a
-few more bits (docs/benchmarks.md, "Figures behind code choices"). aiortc has no setting for
-this, so :func:`install` makes its senders build this encoder for H.264; everything else
-(bitrate control from the browser's feedback, keyframe requests, packetisation, the VP8
-fallback) stays aiortc's.
+few more bits (docs/benchmarks.md, "Figures behind code choices"). :func:`use_avatar_encoder`
+makes one sender (our peers' video senders, ``talkloop/rtc/peer.py``) build this encoder for
+H.264; everything else (bitrate control from the browser's feedback, keyframe requests,
+packetisation, the VP8 fallback) stays aiortc's, and every other sender in the process (another
+library's, a test's client) keeps aiortc's own encoder.
+
+Why a sender's class is swapped: aiortc (1.16) has no per-sender or per-connection encoder.
+``RTCRtpSender(trackOrKind, transport)`` takes none, ``RTCPeerConnection`` builds its senders
+itself (``__createTransceiver``) and takes no factory, and the sender makes its encoder in
+``_next_encoded_frame`` by calling the module-level ``rtcrtpsender.get_encoder(codec)`` the first
+time it encodes a frame (again after ``_run_rtp`` has ended and dropped it). Replacing that
+function would change every sender of the process. Instead our own sender's class becomes
+:class:`AvatarRtpSender`, whose ``_next_encoded_frame`` puts our encoder into the sender's
+encoder slot just before aiortc would have filled it; the slot is the name-mangled private
+``_RTCRtpSender__encoder``, checked on each sender we take over, so an aiortc that keeps its
+encoder elsewhere fails loudly there rather than sending with its default x264 settings.
 """
 
 from __future__ import annotations
@@ -15,14 +27,15 @@ import fractions
 from collections.abc import Iterator
 
 import av
-from aiortc import rtcrtpsender
 from aiortc.codecs import get_encoder
 from aiortc.codecs.base import Encoder
 from aiortc.codecs.h264 import MAX_FRAME_RATE, H264Encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
+from aiortc.rtcrtpsender import RTCEncodedFrame, RTCRtpSender
 
 X264_PRESET = "veryfast"
 X264_THREADS = 1
+ENCODER_SLOT = "_RTCRtpSender__encoder"  # RTCRtpSender's private self.__encoder
 
 
 class AvatarH264Encoder(H264Encoder):
@@ -66,7 +79,29 @@ def avatar_encoder(codec: RTCRtpCodecParameters) -> Encoder:
     return get_encoder(codec)
 
 
-def install() -> None:
-    """Make aiortc's senders in this process build their encoders with :func:`avatar_encoder`
-    (they look ``get_encoder`` up in their module when a track sends its first frame)."""
-    rtcrtpsender.get_encoder = avatar_encoder
+class AvatarRtpSender(RTCRtpSender):
+    """aiortc's sender, building its encoder with :func:`avatar_encoder` (the module's
+    docstring says why this way). Only ever an existing sender's new class
+    (:func:`use_avatar_encoder`), never constructed."""
+
+    async def _next_encoded_frame(self, codec: RTCRtpCodecParameters) -> RTCEncodedFrame | None:
+        if getattr(self, ENCODER_SLOT) is None:  # aiortc would call get_encoder(codec) now
+            setattr(self, ENCODER_SLOT, avatar_encoder(codec))
+        return await super()._next_encoded_frame(codec)
+
+
+def use_avatar_encoder(sender: RTCRtpSender) -> None:
+    """Make ``sender`` (and no other) build its encoder with :func:`avatar_encoder`.
+
+    Raises:
+        RuntimeError: this aiortc keeps a sender's encoder elsewhere (see the module's
+            docstring); the sender would send with aiortc's default x264 settings.
+    """
+    hooks = hasattr(sender, ENCODER_SLOT) and hasattr(RTCRtpSender, "_next_encoded_frame")
+    if type(sender) is not RTCRtpSender or not hooks:
+        raise RuntimeError(
+            f"cannot set the encoder of {type(sender).__name__}: talkloop/rtc/encoder.py expects "
+            f"aiortc's RTCRtpSender making its encoder in _next_encoded_frame, into "
+            f"{ENCODER_SLOT} (aiortc 1.16); check how the installed aiortc makes it"
+        )
+    sender.__class__ = AvatarRtpSender

@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.contrib.media import MediaBlackhole
+from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import candidate_from_sdp
 
-from talkloop.rtc import encoder
-from talkloop.rtc.call import Call
+from talkloop.rtc.encoder import use_avatar_encoder
 from talkloop.rtc.protocol import ProtocolError
 
 log = logging.getLogger("talkloop.peer")
@@ -26,33 +26,47 @@ def preferred_video_codecs() -> list:
 
 
 class Peer:
-    """One RTCPeerConnection bound to a Call.
+    """One RTCPeerConnection: sends ``audio`` and ``video``, hands the browser's microphone on.
 
     Args:
-        call: the call whose tracks this connection carries.
+        audio: the outgoing audio track.
+        video: the outgoing video track (H.264 preferred, x264 at our settings:
+            ``talkloop/rtc/encoder.py``; VP8 as fallback).
+        on_microphone: called with the browser's audio track when it arrives.
         on_closed: called once when the connection fails or closes on its own.
-        configuration: ICE servers and transport policy (``talkloop.rtc.ice.IceConfig``); None: aiortc's
-            default (a public STUN server).
+        configuration: ICE servers and transport policy (``talkloop.rtc.ice.IceConfig``); None:
+            aiortc's default (a public STUN server).
+        name: the call's name in log lines.
     """
 
     def __init__(
         self,
-        call: Call,
+        audio: MediaStreamTrack,
+        video: MediaStreamTrack,
+        on_microphone: Callable[[MediaStreamTrack], None],
         on_closed: Callable[[], Awaitable[None]],
         configuration: RTCConfiguration | None = None,
+        name: str = "",
     ) -> None:
-        self.call = call
-        encoder.install()  # x264 at a preset that leaves the CPU to the avatar (talkloop/rtc/encoder.py)
         self.pc = RTCPeerConnection(configuration)
+        self.name = name
         self._on_closed = on_closed
         self._blackholes: list[MediaBlackhole] = []
         self._tasks: list[asyncio.Future] = []
         self._closing = False
+        self.pc.addTrack(audio)
+        sender = self.pc.addTrack(video)
+        # x264 at a preset that leaves the CPU to the avatar, for this sender only.
+        use_avatar_encoder(sender)
+        # Codec preferences only count if set before setRemoteDescription (aiortc).
+        for t in self.pc.getTransceivers():
+            if t.sender is sender:
+                t.setCodecPreferences(preferred_video_codecs())
 
         @self.pc.on("track")
         def on_track(track) -> None:
             if track.kind == "audio":
-                call.attach_microphone(track)
+                on_microphone(track)
             else:  # we never use the client's video; drain it so aiortc's queue stays empty
                 hole = MediaBlackhole()
                 hole.addTrack(track)
@@ -61,19 +75,13 @@ class Peer:
 
         @self.pc.on("connectionstatechange")
         async def on_state() -> None:
-            log.info("call %s: connection %s", call.token[:6], self.pc.connectionState)
+            log.info("call %s: connection %s", self.name, self.pc.connectionState)
             # Our own close() (after a bad offer, or at teardown) must not end the call.
             if self.pc.connectionState in ("failed", "closed") and not self._closing:
                 await self._on_closed()
 
     async def answer(self, sdp: str) -> str:
         """Apply the browser's offer and return our answer (all our candidates included)."""
-        self.pc.addTrack(self.call.audio_track)
-        video = self.pc.addTrack(self.call.video_track)
-        # Codec preferences only count if set before setRemoteDescription (aiortc).
-        for t in self.pc.getTransceivers():
-            if t.sender is video:
-                t.setCodecPreferences(preferred_video_codecs())
         try:
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             # A malformed offer can pass parsing and only fail while answering (no media lines,

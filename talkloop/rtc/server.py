@@ -420,7 +420,14 @@ class AvatarServer:
                 raise ProtocolError(
                     "bad_state", "this session already has a call; open a new session"
                 )
-            peer = Peer(call, lambda: self._close(slot), self.ice.rtc_configuration())
+            peer = Peer(
+                call.audio_track,
+                call.video_track,
+                on_microphone=call.attach_microphone,
+                on_closed=lambda: self._close(slot),
+                configuration=self.ice.rtc_configuration(),
+                name=call.token[:6],
+            )
             call.peer = peer
             self._disarm_offer_timer(slot)
             try:

@@ -1,5 +1,5 @@
 """Our calls' H.264 encoder: x264 at its low-CPU settings, still aiortc's bitrate, keyframes and
-RTP packets, and installed for H.264 only."""
+RTP packets, made for H.264 only and for our own peers' senders only."""
 
 from __future__ import annotations
 
@@ -10,14 +10,22 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
-from aiortc import rtcrtpsender
+from aiortc import RTCConfiguration, RTCPeerConnection, rtcrtpsender
 from aiortc.codecs import get_encoder
 from aiortc.codecs.h264 import H264PayloadDescriptor
+from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from PIL import Image
 
 from talkloop.pipeline.models.studio.family import DEFAULT_REFERENCE
-from talkloop.rtc.encoder import X264_PRESET, X264_THREADS, AvatarH264Encoder, avatar_encoder
+from talkloop.rtc.encoder import (
+    ENCODER_SLOT,
+    X264_PRESET,
+    X264_THREADS,
+    AvatarH264Encoder,
+    avatar_encoder,
+    use_avatar_encoder,
+)
 from talkloop.rtc.peer import Peer
 
 from support import psnr
@@ -104,18 +112,53 @@ def test_keyframe_requests_and_bitrate_changes_still_act() -> None:
     assert settings.items() >= VERYFAST.items()
 
 
-def test_installed_for_h264_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rtcrtpsender, "get_encoder", get_encoder)
+def codec(mime: str, rate: int) -> RTCRtpCodecParameters:
+    return RTCRtpCodecParameters(mimeType=mime, clockRate=rate, payloadType=96)
 
-    async def make_peer() -> None:  # the server's side of a call installs it
-        await Peer(None, on_closed=None).close()  # type: ignore[arg-type]
 
-    asyncio.run(make_peer())
-    assert rtcrtpsender.get_encoder is avatar_encoder
+async def nothing() -> None:
+    pass
 
-    def codec(mime: str, rate: int) -> RTCRtpCodecParameters:
-        return RTCRtpCodecParameters(mimeType=mime, clockRate=rate, payloadType=96)
 
+def test_our_peers_video_sender_uses_it_and_no_other_sender_does() -> None:
+    """Scoped to our peers: aiortc's get_encoder stays aiortc's, and a sender of another
+    connection in the same process keeps aiortc's own x264 settings."""
+
+    async def first_frames():
+        config = RTCConfiguration(iceServers=[])  # nothing is negotiated: no network at all
+        peer = Peer(AudioStreamTrack(), VideoStreamTrack(), lambda track: None, nothing, config)
+        other = RTCPeerConnection(config)
+        theirs = other.addTrack(VideoStreamTrack())
+        ours = next(s for s in peer.pc.getSenders() if s.kind == "video")
+        h264 = codec("video/H264", 90000)
+        # what each sender's RTP loop sends first: its encoder is made for this frame
+        frames = [await sender._next_encoded_frame(h264) for sender in (ours, theirs)]
+        await peer.close()
+        await other.close()
+        return frames
+
+    ours, theirs = asyncio.run(first_frames())
+    assert rtcrtpsender.get_encoder is get_encoder
+    mine = x264_settings(depacketize(ours.payloads))
+    assert mine.items() >= VERYFAST.items() and mine["threads"] == str(X264_THREADS)
+    assert x264_settings(depacketize(theirs.payloads))["subme"] == "7"  # aiortc's "medium"
+
+
+def test_it_is_made_for_h264_only() -> None:
     assert type(avatar_encoder(codec("video/H264", 90000))) is AvatarH264Encoder
     for mime, rate in (("video/VP8", 90000), ("audio/opus", 48000)):
         assert type(avatar_encoder(codec(mime, rate))) is type(get_encoder(codec(mime, rate)))
+
+
+def test_an_aiortc_that_keeps_its_encoder_elsewhere_is_refused() -> None:
+    async def take_over() -> None:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        sender = pc.addTrack(VideoStreamTrack())
+        delattr(sender, ENCODER_SLOT)  # as if aiortc had renamed its encoder slot
+        try:
+            use_avatar_encoder(sender)
+        finally:
+            await pc.close()
+
+    with pytest.raises(RuntimeError, match=ENCODER_SLOT):
+        asyncio.run(take_over())

@@ -156,9 +156,9 @@ def test_the_session_message_tells_the_page_and_the_peer_uses_them(
     given = []
 
     class RecordingPeer(Peer):  # the configuration the server builds its peer with
-        def __init__(self, call, on_closed, configuration=None) -> None:
+        def __init__(self, *args, configuration=None, **kwargs) -> None:
             given.append(configuration)
-            super().__init__(call, on_closed, configuration)
+            super().__init__(*args, configuration=configuration, **kwargs)
 
         async def answer(self, sdp: str) -> str:  # no media needed: stop at the offer
             raise ProtocolError("bad_sdp", "not answered in this test")
