@@ -170,6 +170,22 @@ def load_rgb(path) -> np.ndarray:
         return np.asarray(im.convert("RGB")).copy()
 
 
+def two_faces() -> np.ndarray:
+    """A 1000x600 photo of two people: the astronaut at 3/4 size on the left, Grace Hopper (the
+    larger face) on the right."""
+    import cv2
+
+    photos = portraits()
+    big = load_rgb(photos["grace_hopper"])
+    small = cv2.resize(
+        load_rgb(photos["astronaut"]), None, fx=0.75, fy=0.75, interpolation=cv2.INTER_AREA
+    )
+    canvas = np.full((600, 1000, 3), 90, np.uint8)
+    canvas[: small.shape[0], : small.shape[1]] = small[:600]
+    canvas[:, 1000 - big.shape[1] :] = big
+    return canvas
+
+
 def make_reference(width: int = 64, height: int = 64, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]

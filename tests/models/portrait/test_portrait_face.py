@@ -11,7 +11,7 @@ import pytest
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.models.portrait import face as F
 
-from support import load_rgb, portraits
+from support import load_rgb, portraits, two_faces
 
 pytestmark = pytest.mark.unit
 
@@ -153,14 +153,7 @@ def test_person_mask_covers_the_person_not_the_background(found):
 
 
 def test_two_faces_come_largest_first():
-    big = load_rgb(PORTRAITS["grace_hopper"])
-    small = cv2.resize(
-        load_rgb(PORTRAITS["astronaut"]), None, fx=0.75, fy=0.75, interpolation=cv2.INTER_AREA
-    )
-    canvas = np.full((600, 1000, 3), 90, np.uint8)
-    canvas[: small.shape[0], : small.shape[1]] = small[:600]
-    canvas[:, 1000 - big.shape[1] :] = big
-    faces = F.detect_faces(canvas)
+    faces = F.detect_faces(two_faces())
     assert len(faces) == 2
     assert faces[0].width > faces[1].width
     assert faces[0].x0 > 500 > faces[1].x1  # the large face is Grace Hopper's, on the right

@@ -21,7 +21,7 @@ from talkloop.pipeline.models.portrait.framing import (
     load_image,
 )
 
-from support import load_rgb, portraits
+from support import load_rgb, portraits, two_faces
 
 pytestmark = pytest.mark.unit
 
@@ -95,18 +95,11 @@ def test_exif_rotated_photo_frames_like_the_upright_one(tmp_path, orientation, u
 
 
 def test_the_larger_of_two_faces_is_framed(caplog):
-    big = load_rgb(PORTRAITS["grace_hopper"])
-    small = cv2.resize(
-        load_rgb(PORTRAITS["astronaut"]), None, fx=0.75, fy=0.75, interpolation=cv2.INTER_AREA
-    )
-    canvas = np.full((600, 1000, 3), 90, np.uint8)
-    canvas[: small.shape[0], : small.shape[1]] = small[:600]
-    canvas[:, 1000 - big.shape[1] :] = big
     with caplog.at_level(logging.INFO, logger="talkloop.portrait"):
-        two = frame_portrait(canvas)
+        two = frame_portrait(two_faces())
     assert two.faces_found == 2
     assert "found 2 faces" in caplog.text and "largest" in caplog.text
-    alone = frame_portrait(big)
+    alone = frame_portrait(load_rgb(PORTRAITS["grace_hopper"]))
     # Same face, same framing (to detection noise): the landmarks agree and the frames correlate;
     # the smaller face's framing would not.
     assert np.median(np.linalg.norm(two.landmarks[:, :2] - alone.landmarks[:, :2], axis=1)) < 1.5
