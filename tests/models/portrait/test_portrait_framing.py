@@ -20,6 +20,7 @@ from talkloop.pipeline.models.portrait.framing import (
     frame_portrait,
     load_image,
 )
+from talkloop.pipeline.train.metrics import pearson
 
 from support import load_rgb, portraits, two_faces
 
@@ -103,15 +104,9 @@ def test_the_larger_of_two_faces_is_framed(caplog):
     # Same face, same framing (to detection noise): the landmarks agree and the frames correlate;
     # the smaller face's framing would not.
     assert np.median(np.linalg.norm(two.landmarks[:, :2] - alone.landmarks[:, :2], axis=1)) < 1.5
-    assert _correlation(two.image, alone.image) > 0.9
+    assert pearson(two.image, alone.image) > 0.9
     other = frame_portrait(PORTRAITS["astronaut"])
-    assert _correlation(two.image, other.image) < 0.5
-
-
-def _correlation(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(float).ravel(), b.astype(float).ravel()
-    a, b = a - a.mean(), b - b.mean()
-    return float(a @ b / math.sqrt((a @ a) * (b @ b)))
+    assert pearson(two.image, other.image) < 0.5
 
 
 def test_a_crop_past_the_photo_is_filled_with_blurred_edge_colours_and_logged(caplog):
