@@ -27,7 +27,7 @@ from talkloop.pipeline.render import check_output_path, render_file
 from talkloop.pipeline.synth.cli import add_synth_parser, cmd_synth
 from talkloop.pipeline.train.cli import add_eval_parser, add_train_parser, cmd_eval, cmd_train
 from talkloop.rtc.app import (
-    check_sessions,
+    check_max_calls,
     live_config_dict,
     load_avatar,
     resolve_weights,
@@ -66,12 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--reference", help="avatar image; default: the bundled avatar")
     sv.add_argument("--prompt", default="", help="initial style prompt of each session")
-    sv.add_argument("--max-sessions", type=int, default=1, help="concurrent calls at most")
+    sv.add_argument(
+        "--max-calls",
+        "--max-sessions",  # its first name, documented and in scripts: kept as an alias
+        dest="max_calls",
+        type=int,
+        default=1,
+        metavar="N",
+        help="concurrent calls at most (--max-sessions N: the same)",
+    )
     sv.add_argument(
         "--cluster",
         default=None,
         help="run each call on a Ray cluster's worker node: auto (this machine's cluster, else a "
-        "local one with --max-sessions slots), ray://HOST:PORT or HOST:PORT (docs/scaling.md)",
+        "local one with --max-calls slots), ray://HOST:PORT or HOST:PORT (docs/scaling.md)",
     )
     sv.add_argument(
         "--playout-delay-ms",
@@ -146,14 +154,14 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(format=LOG_FORMAT)  # the levels: console.quiet (main)
-    if args.max_sessions < 1:
-        raise ConfigError(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    if args.max_calls < 1:
+        raise ConfigError(f"--max-calls must be at least 1, got {args.max_calls}")
     serving = serving_from_args(args)  # TLS, token, origins: refused now, before loading
     args.untrained, notice = resolve_weights(args.untrained, args.weights, args.family)
     base = config_from_args(args).model_dump(mode="json")
     base.pop("schedule")
     config = build_config(**live_config_dict(base, sampler_given=args.steps is not None))
-    check_sessions(config, args.max_sessions)
+    check_max_calls(config, args.max_calls)
     reference = load_avatar(args.reference, config)
     flags = {"playout_delay_ms": args.playout_delay_ms, "max_lag_ms": args.max_lag_ms}
     try:
@@ -165,7 +173,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server installs its own handlers
 
     # Bad --kvs-* flags, or one stream for several sessions, fail now, before the server starts.
-    check_kvs_args(args, args.max_sessions)
+    check_kvs_args(args, args.max_calls)
 
     def mirrors(slot: int) -> list:
         """The KVS mirror of one call, into the stream named for its slot (1..max)."""
@@ -179,7 +187,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.prompt,
             args.host,
             args.port,
-            args.max_sessions,
+            args.max_calls,
             call_config,
             notice,
             mirror_factory=mirrors if args.kvs_stream else None,

@@ -23,8 +23,9 @@ from talkloop.pipeline.models.spec import DEFAULT_FAMILY
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.cluster import cluster_server
 from talkloop.rtc.ice import IceConfig
-from talkloop.rtc.security import AccessPolicy
-from talkloop.rtc.server import OFFER_TIMEOUT_S, AvatarServer, check_sessions
+from talkloop.rtc.security import OFFER_TIMEOUT_S, AccessPolicy
+from talkloop.rtc.server import AvatarServer
+from talkloop.rtc.slots import check_max_calls
 
 NO_WEIGHTS_NOTICE = (
     "No trained weights are installed: the avatar runs on random weights, so the video shows "
@@ -54,7 +55,7 @@ async def serve_forever(
     prompt: str,
     host: str,
     port: int,
-    max_sessions: int,
+    max_calls: int,
     call_config: CallConfig,
     notice: str,
     mirror_factory=None,
@@ -72,7 +73,7 @@ async def serve_forever(
             config,
             reference,
             prompt,
-            max_sessions,
+            max_calls,
             call_config,
             notice,
             mirror_factory,
@@ -92,7 +93,7 @@ async def serve_forever(
             reference,
             prompt,
             call_config,
-            max_sessions,
+            max_calls,
             notice,
             mirror_factory=mirror_factory,
             access=access,
@@ -137,7 +138,7 @@ def resolve_weights(
 
 
 __all__ = [
-    "check_sessions",
+    "check_max_calls",
     "live_config_dict",
     "load_avatar",
     "resolve_weights",

@@ -5,8 +5,8 @@
     AvatarSession.next_video() -> AvatarVideoTrack ;  AvatarSession.next_audio() -> AvatarAudioTrack
 
 Everything about generation, pacing, speech segments and interrupts lives in the AvatarSession
-(``talkloop/agent/session.py``); this class adds what a call needs: the peer, the tracks, the microphone and the
-latency stamps of the tests.
+(``talkloop/agent/session.py``); this class adds what a call needs: the peer, the tracks, the
+microphone and the latency stamps of the tests.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from talkloop.rtc.tracks import AvatarAudioTrack, AvatarVideoTrack, stamp_bits
 
 
 class CallConfig(AvatarConfig):
-    """Call settings: the avatar session's, plus test hooks."""
+    """Call settings: its AvatarSession's, plus test hooks."""
 
     stamp_frames: bool = Field(
         False, description="paint the audio arrival time into frames (tests)"
@@ -42,10 +42,10 @@ class Call:
     """One browser call: owns its AvatarSession, the two tracks, the microphone reader and, once
     the page has sent its offer, the Peer (``talkloop/rtc/peer.py``) that carries them.
 
-    Layers, outside in: the server's ``CallSlot`` (``talkloop/rtc/server.py``: the page and agent
-    connections of one call) -> ``Call`` -> ``AvatarSession`` (``talkloop/agent/session.py``: speech in,
-    paced audio and video out) -> ``Session`` (``talkloop/pipeline/core/session.py``: the generation
-    stream and its rolling memory).
+    Layers, outside in: the server's ``CallSlot`` (``talkloop/rtc/slots.py``: the page's and the
+    agent's connections of one call, its slot number) -> ``Call`` -> ``AvatarSession``
+    (``talkloop/agent/session.py``: speech in, paced audio and video out) -> ``Session``
+    (``talkloop/pipeline/core/session.py``: the generation stream and its rolling memory).
     """
 
     def __init__(
@@ -67,7 +67,7 @@ class Call:
         self.audio_track = AvatarAudioTrack(self.avatar)
         stamp = self._stamp if config.stamp_frames else None
         self.video_track = AvatarVideoTrack(self.avatar, stamp)
-        self.peer: Peer | None = None  # set by the server when the page's offer is answered
+        self.peer: Peer | None = None  # set by page signaling when the page's offer comes
         self._tasks: list[asyncio.Task] = []
         self.created_at = time.monotonic()
 

@@ -1,15 +1,18 @@
 """CallHost: one live call inside a Ray actor on a worker node (``talkloop serve --cluster``).
 
 The actor holds one ``talkloop_slot`` of its node and owns the whole call: the pipeline, the
-``Call`` (AvatarSession, aiortc peer, KVS mirrors) and the server logic of a single process
-(``AvatarServer._route``, run on ``RelaySocket``s instead of websockets). Its aiortc peer gathers
-the worker node's own ICE candidates, so media flows between the browser and the worker; only
-signaling, controls, stats and the agent protocol pass through the front (``talkloop/rtc/cluster.py``).
+``Call`` (AvatarSession, aiortc peer, KVS mirrors) and a single process's server of one slot: its
+page signaling (``talkloop/rtc/signaling.py``) and agent endpoint
+(``talkloop/rtc/agent_endpoint.py``), run on ``RelaySocket``s instead of websockets; the front
+did the admission. Its aiortc peer gathers the worker node's own ICE candidates, so media flows
+between the browser and the worker; only signaling, controls, stats and the agent protocol pass
+through the front (``talkloop/rtc/cluster.py``).
 
 The front calls, in order: ``prepare`` (placed, networks loaded: a warm actor waits here for
-a page), ``start`` (the page's connection served), then ``page_messages``/``agent_*`` as messages arrive (in order, in batches), while it long-polls ``poll`` for
-what the call sends. ``poll`` answers at least every ``wait_s`` even when there is nothing to
-send, so a front that hears nothing for longer knows the actor or its node is gone.
+a page), ``start`` (the page's connection served), then ``page_messages``/``agent_*`` as
+messages arrive (in order, in batches), while it long-polls ``poll`` for what the call sends.
+``poll`` answers at least every ``wait_s`` even when there is nothing to send, so a front that
+hears nothing for longer knows the actor or its node is gone.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ class CallHost:
 
     async def _serve_page(self, query: dict[str, list[str]]) -> None:
         try:
-            await self.server._route(self.page, {k: v for k, v in query.items() if k != "token"})
+            await self.server.signaling.serve(self.page, query)
         finally:
             await self.server.stop()
             self.outbox.put_nowait(("page", "ended", None))
@@ -118,7 +121,7 @@ class CallHost:
 
         async def serve() -> None:
             try:
-                await self.server._route(relay, query)
+                await self.server.agents.serve(relay, query)
             finally:
                 self.agents.pop(channel, None)
 

@@ -1,10 +1,14 @@
 """ClusterServer: `talkloop serve --cluster`, the front that places each call on a Ray actor.
 
-The front serves the page and the websockets (TLS, access token, origins, per-address cap: the
-same code as a single process, ``AvatarServer``) and loads no networks. Each page connection
-becomes one ``CallHost`` actor (``talkloop/rtc/call_host.py``) that requests one ``talkloop_slot``, so Ray
-places it on a node with a free slot; the actor owns the call. The front relays the page's and the
-agent's messages to it and forwards what it sends back; media never passes through the front.
+The front loads no networks. It composes the single process's admission
+(``talkloop/rtc/admission.py``: the page over HTTP, TLS, access token, origins, per-address cap)
+with its own two routes: a page's websocket becomes one ``CallHost`` actor
+(``talkloop/rtc/call_host.py``) that requests one ``talkloop_slot``, so Ray places it on a node with
+a free slot (the cluster's slots are the front's slot pool); an agent's websocket is relayed to
+the actor of its call, after the agent endpoint's refusals (``talkloop/rtc/agent_endpoint.py``:
+an unknown token, not an agent, a second agent). The actor owns the call and runs the single
+process's page signaling and agent endpoint on what the front relays to it; the front forwards
+what it sends back. Media never passes through the front.
 
 Capacity and faults:
 - The front keeps ``warm`` actors placed and loaded while slots are free, so a page starts its
@@ -27,7 +31,6 @@ import json
 import logging
 import secrets
 import ssl
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,12 +40,17 @@ from websockets.exceptions import ConnectionClosed
 
 from talkloop.pipeline.cluster.connect import CALL_NAMESPACE, SLOT, connect, import_ray
 from talkloop.pipeline.core.config import TalkloopConfig
+from talkloop.rtc.admission import WEB_DIR, Admission, Query
+from talkloop.rtc.agent_endpoint import (
+    refuse_second_agent,
+    refuse_unknown_token,
+    refuse_unless_agent,
+)
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.call_host import CallHost, HostSpec
 from talkloop.rtc.ice import IceConfig
-from talkloop.rtc.protocol import error
+from talkloop.rtc.protocol import HELLO, error
 from talkloop.rtc.security import OFFER_TIMEOUT_S, AccessPolicy
-from talkloop.rtc.server import WEB_DIR, AvatarServer, refuse_unless_agent
 
 log = logging.getLogger("talkloop.cluster")
 
@@ -70,7 +78,7 @@ class RemoteCall:
     ws: ServerConnection  # the page's websocket
     number: int
     node: str  # the Ray node id it runs on
-    token: str = ""  # learnt from the actor's "session" message
+    token: str = ""  # learnt from the actor's hello to the page (HELLO)
     agent: ServerConnection | None = None
     agent_channel: str = ""
     agents_seen: int = 0
@@ -79,13 +87,13 @@ class RemoteCall:
     tasks: list[asyncio.Task] = field(default_factory=list)
 
 
-class ClusterServer(AvatarServer):
-    """The front of a cluster: ``AvatarServer``'s HTTP, admission and access checks, with calls
-    placed on Ray actors instead of run here.
+class ClusterServer:
+    """The front of a cluster: the single process's admission (``Admission``: HTTP, TLS, access
+    checks), with calls placed on Ray actors instead of run here.
 
     Args:
         spec: the settings of every call (config, avatar, prompt, ICE, mirrors).
-        access: who may connect; default as ``AvatarServer``.
+        access: who may connect; default as ``Admission``'s.
         web_dir: the page's folder.
         place_timeout_s: how long Ray may take to start a call's actor before the page gets
             ``busy``.
@@ -104,16 +112,8 @@ class ClusterServer(AvatarServer):
         lost_after_s: float = LOST_AFTER_S,
         warm: int = WARM_ACTORS,
     ) -> None:
-        # Not AvatarServer.__init__: the front loads no pipeline and runs no call itself. These
-        # are the attributes its HTTP, admission, start and stop code uses.
         self.ray = import_ray()
-        self.access = access or AccessPolicy()
-        self.web_dir = web_dir
-        self.scheme = "http"
-        self.calls = {}  # calls run here: none, ever
-        self._ending: set[asyncio.Task] = set()
-        self._ws = None
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="talkloop-front")
+        self.admission = Admission(self._place, self._agent, access, web_dir)
         self.place_timeout_s = place_timeout_s
         self.lost_after_s = lost_after_s
         self.spec_ref = self.ray.put(spec)
@@ -190,15 +190,17 @@ class ClusterServer(AvatarServer):
         finally:
             self._claiming -= 1
 
+    @property
+    def access(self) -> AccessPolicy:
+        return self.admission.access
+
     # -- websocket -----------------------------------------------------------------------------
 
-    async def _route(self, ws: ServerConnection, query: dict[str, list[str]]) -> None:
-        if "token" not in query:
-            await self._place(ws, query)
-            return
+    async def _agent(self, ws: ServerConnection, query: Query) -> None:
+        """The agent route: the agent endpoint's refusals, then relayed to its call's actor."""
         call = self.by_token.get(query["token"][0])
         if call is None or call.lost:
-            await super()._route(ws, query)  # no call of ours here: bad_token, as ever
+            await refuse_unknown_token(ws)
             return
         if await refuse_unless_agent(ws, query):
             return
@@ -209,7 +211,8 @@ class ClusterServer(AvatarServer):
             await ws.send(error("busy", why))
             await ws.close(1013, "busy")
 
-    async def _place(self, ws: ServerConnection, query: dict[str, list[str]]) -> None:
+    async def _place(self, ws: ServerConnection, query: Query) -> None:
+        """The page route: the page's call placed on an actor, its messages relayed."""
         ray = self.ray
         call = None
         for _ in range(2):  # a warm actor whose node died meanwhile: once more, with another
@@ -218,8 +221,8 @@ class ClusterServer(AvatarServer):
             except ray.exceptions.RayTaskError as err:  # the networks would not load
                 log.warning("could not open a call: %s", err.cause)
                 with contextlib.suppress(ConnectionClosed):
-                    await ws.send(error("internal", f"could not open a session: {err.cause}"))
-                    await ws.close(1011, "session failed")
+                    await ws.send(error("internal", f"could not open a call: {err.cause}"))
+                    await ws.close(1011, "call failed")
                 return
             except (TimeoutError, ray.exceptions.RayError) as err:
                 log.info("call not placed: %r", err)
@@ -256,12 +259,9 @@ class ClusterServer(AvatarServer):
             await self._release(call)
             self._replenish()
 
-    async def _relay_agent(
-        self, call: RemoteCall, ws: ServerConnection, query: dict[str, list[str]]
-    ) -> None:
+    async def _relay_agent(self, call: RemoteCall, ws: ServerConnection, query: Query) -> None:
         if call.agent is not None:
-            await ws.send(error("bad_state", "this session already has an agent connected"))
-            await ws.close(4409, "agent already connected")
+            await refuse_second_agent(ws)
             return
         call.agents_seen += 1
         channel = f"agent{call.agents_seen}"
@@ -347,7 +347,7 @@ class ClusterServer(AvatarServer):
     def _learn_token(self, call: RemoteCall, payload: object) -> None:
         with contextlib.suppress(ValueError, TypeError):
             msg = json.loads(payload)
-            if isinstance(msg, dict) and msg.get("type") == "session":
+            if isinstance(msg, dict) and msg.get("type") == HELLO:
                 call.token = msg["token"]
                 self.by_token[call.token] = call
 
@@ -409,10 +409,11 @@ class ClusterServer(AvatarServer):
         for host in self.idle:
             self.ray.kill(host.actor, no_restart=True)
         self.idle.clear()
-        await super().stop()
+        await self.admission.close()
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
-        bound = await super().start(host, port, ssl_context)
+        """Start listening (https/wss with ``ssl_context``); returns the port (for port 0)."""
+        bound = await self.admission.listen(host, port, ssl_context)
         self._replenish()
         return bound
 
@@ -422,7 +423,7 @@ def cluster_server(
     config: TalkloopConfig,
     reference: np.ndarray,
     prompt: str,
-    max_sessions: int,
+    max_calls: int,
     call_config: CallConfig,
     notice: str,
     mirror_factory=None,
@@ -431,8 +432,8 @@ def cluster_server(
     ice: IceConfig | None = None,
 ) -> tuple[ClusterServer, str]:
     """Join (or start) the cluster and make its front; returns it and a line saying where calls
-    run. ``max_sessions`` is the slot count of a local instance that ``auto`` starts."""
-    where = connect(cluster, slots=max_sessions)
+    run. ``max_calls`` is the slot count of a local instance that ``auto`` starts."""
+    where = connect(cluster, slots=max_calls)
     spec = HostSpec(
         config.model_dump(mode="json"),
         reference,

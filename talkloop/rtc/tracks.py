@@ -16,7 +16,8 @@ VIDEO_CLOCK = 90000  # RTP video clock rate
 
 
 class AvatarAudioTrack(MediaStreamTrack):
-    """Sends the session's output audio (the driving audio, played out on the media clock)."""
+    """Sends the AvatarSession's output audio (the driving audio, played out on the media
+    clock)."""
 
     kind = "audio"
 
@@ -40,10 +41,10 @@ class AvatarAudioTrack(MediaStreamTrack):
 
 
 class AvatarVideoTrack(MediaStreamTrack):
-    """Sends the session's output video: frame ``j`` at the time of its first audio sample.
+    """Sends the AvatarSession's output video: frame ``j`` at the time of its first audio sample.
 
     Args:
-        avatar: the session whose frames it sends (late and withheld frames are repeats).
+        avatar: the AvatarSession whose frames it sends (late and withheld frames are repeats).
         stamp: optional ``(rgb, frame_index) -> rgb`` applied before sending (latency tests).
     """
 

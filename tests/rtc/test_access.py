@@ -265,7 +265,9 @@ def served(monkeypatch):
         (["--allow-origin", "ftp://x"], "--allow-origin must look like"),
         (["--max-connections-per-ip", "0"], "at least 1"),
         (["--offer-timeout-s", "0"], "--offer-timeout-s"),
-        (["--placement", "a2v=offloaded", "--max-sessions", "2"], "one session at a time"),
+        (["--placement", "a2v=offloaded", "--max-sessions", "2"], "one call at a time"),
+        (["--placement", "a2v=offloaded", "--max-calls", "2"], "one call at a time"),
+        (["--max-calls", "0"], "--max-calls must be at least 1"),
     ],
 )
 def test_unsafe_or_bad_serving_flags_are_refused(capsys, served, flags, message) -> None:
@@ -273,6 +275,13 @@ def test_unsafe_or_bad_serving_flags_are_refused(capsys, served, flags, message)
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("talkloop: error: ") and "\n" not in err
     assert message in err and not served
+
+
+def test_max_calls_and_its_first_name_max_sessions_are_one_flag(served) -> None:
+    assert main(["serve", *TINY, "--max-calls", "3"]) == 0
+    assert main(["serve", *TINY, "--max-sessions", "2"]) == 0
+    assert main(["serve", *TINY]) == 0
+    assert [s["max_sessions"] for s in served] == [3, 2, 1]
 
 
 def test_serving_other_machines_with_token_and_tls(capsys, served, tmp_path) -> None:
@@ -320,6 +329,6 @@ def test_the_server_itself_refuses_offloaded_placement_for_several_sessions() ->
     from talkloop.pipeline.core.errors import ConfigError
 
     offloaded = SimpleNamespace(config=tiny_config(model={"placement": {"a2v": "offloaded"}}))
-    with pytest.raises(ConfigError, match="--max-sessions is 2"):
+    with pytest.raises(ConfigError, match=r"--max-calls \(--max-sessions\) is 2"):
         AvatarServer(offloaded, make_reference(), max_sessions=2)
     AvatarServer(offloaded, make_reference(), max_sessions=1).executor.shutdown()

@@ -149,7 +149,7 @@ def test_ice_flags_reach_the_server(served, tmp_path) -> None:
 def test_the_session_message_tells_the_page_and_the_peer_uses_them(
     live_pipeline, monkeypatch
 ) -> None:
-    import talkloop.rtc.server
+    import talkloop.rtc.signaling
     from talkloop.rtc.protocol import ProtocolError
 
     ice = IceConfig([TURN], "u", "p", relay_only=True)
@@ -163,7 +163,7 @@ def test_the_session_message_tells_the_page_and_the_peer_uses_them(
         async def answer(self, sdp: str) -> str:  # no media needed: stop at the offer
             raise ProtocolError("bad_sdp", "not answered in this test")
 
-    monkeypatch.setattr(talkloop.rtc.server, "Peer", RecordingPeer)
+    monkeypatch.setattr(talkloop.rtc.signaling, "Peer", RecordingPeer)
 
     async def body(server, ws_url, port) -> tuple[dict, dict]:
         async with websockets.connect(ws_url) as ws:

@@ -185,7 +185,7 @@ def test_a_slot_stays_taken_while_its_mirror_drains(live_pipeline) -> None:
             refused = json.loads(await during.recv())
         made[0][1].release.set()
         for _ in range(100):
-            if not server._draining:
+            if not server.pool.draining:
                 break
             await asyncio.sleep(0.05)
         async with websockets.connect(ws_url) as after:
@@ -206,7 +206,7 @@ def test_a_session_that_never_started_closes_its_mirrors(live_pipeline) -> None:
         async with websockets.connect(ws_url) as ws:  # the page opens a session, no call follows
             await ws.recv()
         for _ in range(100):
-            if not server.calls and not server._draining:
+            if not server.calls and not server.pool.draining:
                 break
             await asyncio.sleep(0.05)
 
