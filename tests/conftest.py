@@ -65,6 +65,26 @@ def backend_cache(tmp_path, monkeypatch):
     return tmp_path / "backends"
 
 
+@pytest.fixture
+def served(monkeypatch) -> list[dict]:
+    """`talkloop serve` run up to the server start only (talkloop.pipeline.cli.serve_forever
+    replaced): per run, every argument it would have served with, by name."""
+    import inspect
+
+    import talkloop.pipeline.cli as cli
+
+    signature = inspect.signature(cli.serve_forever)
+    seen: list[dict] = []
+
+    async def fake_serve_forever(*args, **kwargs) -> None:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        seen.append(dict(bound.arguments))
+
+    monkeypatch.setattr(cli, "serve_forever", fake_serve_forever)
+    return seen
+
+
 @pytest.fixture(scope="module")
 def tiny_pipeline(tiny_modules):
     """A tiny pipeline (tiny_config, the shared modules): a module's own."""

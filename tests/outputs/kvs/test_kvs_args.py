@@ -15,19 +15,9 @@ pytestmark = pytest.mark.unit
 TINY = tiny_args()
 
 
-@pytest.fixture
-def served(monkeypatch, tmp_path) -> list[dict]:
-    """Runs `serve` up to the server: what it would have served with, instead of serving."""
-    import talkloop.pipeline.cli
-
+@pytest.fixture(autouse=True)
+def no_aws_config(monkeypatch, tmp_path) -> None:
     clean_aws_env(monkeypatch, tmp_path)
-    calls: list[dict] = []
-
-    async def fake_serve_forever(*args, mirror_factory=None, **kwargs) -> None:
-        calls.append({"max_sessions": args[5], "mirror_factory": mirror_factory})
-
-    monkeypatch.setattr(talkloop.pipeline.cli, "serve_forever", fake_serve_forever)
-    return calls
 
 
 def test_one_stream_for_several_sessions_is_refused_at_start(served, capsys) -> None:
