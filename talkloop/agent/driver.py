@@ -64,6 +64,12 @@ class PlayoutBuffer:
             out[lo - start : hi - start] = self.data[np.arange(lo, hi) % self.capacity]
         return out
 
+    def write(self, start: int, samples: np.ndarray) -> None:
+        """Overwrite samples ``[start, start + len)``, all of them already written and held."""
+        if start < self.end - self.capacity or start + samples.shape[0] > self.end:
+            raise ValueError(f"samples {start}.. are not all held (end {self.end})")
+        self.data[np.arange(start, start + samples.shape[0]) % self.capacity] = samples
+
     def silence_from(self, start: int) -> None:
         """Zero everything written from ``start`` on (an interrupt)."""
         lo = max(start, self.end - self.capacity, 0)
@@ -150,6 +156,9 @@ class AudioDriver:
         self._blk_seg = np.full(ring, -1, dtype=np.int64)
         self._blk_pos = np.zeros(ring, dtype=np.int64)
         self._blk_last = np.zeros(ring, dtype=bool)
+        # Set by the avatar while it waits to start the head segment early (``rewrite``): a
+        # segment none of which was produced yet is not started by the clock meanwhile.
+        self.hold = False
         self.mic_dropped_samples = 0  # these three count output samples
         self.mic_trimmed_samples = 0
         self.speech_dropped_samples = 0
@@ -259,6 +268,40 @@ class AudioDriver:
             self.playout.silence_from(self.out_index(played_until))
         return events
 
+    def unstarted_speech(self) -> Segment | None:
+        """The segment due to play next if none of it has been produced yet (and some is queued)."""
+        seg = self._segments[0] if self._segments else None
+        return seg if seg is not None and seg.produced == 0 and seg.queued > 0 else None
+
+    def idle_from(self, sample: int) -> bool:
+        """True when every block from model ``sample`` to the last produced one carries no
+        speech, none of it was emitted yet and all of it is still held."""
+        ring = self._blk_seg.shape[0]
+        first, last = sample // self.block, self.samples // self.block
+        if sample % self.block or sample < self.emitted_until or last - first >= ring - 1:
+            return False
+        return all(self._blk_seg[b % ring] == -1 for b in range(first, last))
+
+    def rewrite(self, sample: int) -> np.ndarray:
+        """Start the head segment at model ``sample``, in the past of the clock: the blocks
+        produced from there on (idle: ``idle_from``) become its first blocks, in the playout
+        buffer and in the segment's accounting. Returns their new audio (output rate), for the
+        caller to give the model in place of what it had."""
+        if not self.idle_from(sample) or self.unstarted_speech() is None:
+            raise ValueError(f"cannot start the next segment at sample {sample}")
+        ring, out = self._blk_seg.shape[0], []
+        for b in range(sample // self.block, self.samples // self.block):
+            speech, seg, last = self._take_speech(self.out_block, held_too=True)
+            if speech is None or seg is None:  # ran out: the rest of the span stays idle
+                break
+            self._blk_seg[b % ring], self._blk_pos[b % ring] = seg.id, seg.produced
+            self._blk_last[b % ring] = last
+            seg.last_block = b
+            self._live[seg.id] = seg
+            self.playout.write(b * self.out_block, speech)
+            out.append(speech)
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
     # -- outputs ----------------------------------------------------------------------------------
 
     def played(self, start: int, count: int) -> list[PlaybackEvent]:
@@ -343,13 +386,18 @@ class AudioDriver:
         if model.size:
             self.push(model)
 
-    def _take_speech(self, n: int) -> tuple[np.ndarray | None, Segment | None, bool]:
-        """Up to ``n`` samples of the head segment; (block, segment, is its last block)."""
+    def _take_speech(
+        self, n: int, held_too: bool = False
+    ) -> tuple[np.ndarray | None, Segment | None, bool]:
+        """Up to ``n`` samples of the head segment; (block, segment, is its last block). While
+        ``hold`` is set a segment not yet started gives nothing (unless ``held_too``)."""
         while self._segments:
             seg = self._segments[0]
             if seg.queued == 0 and seg.ended:  # drained and closed (its last block is out)
                 self._segments.popleft()
                 continue
+            if self.hold and seg.produced == 0 and not held_too:
+                return None, None, False
             if seg.queued == 0:
                 return None, None, False  # the agent is slower than real time: silence for now
             out = np.zeros(n, dtype=np.float32)

@@ -13,6 +13,13 @@ Consume the output either with ``async for item in session`` (video frames, audi
 playback events in media order) or with ``next_video()`` / ``next_audio()`` from two consumers
 (the WebRTC tracks do this); not both.
 
+A reply that arrives ahead of real time (an agent's TTS) starts at once: its first audio takes
+the place of idle driving audio that was produced but not yet played, the chunks made from that
+silence are made again from the reply (``Session.rewind``) and their frames withheld, so the reply
+plays as soon as its first chunk can be generated instead of a whole playout delay later
+(``_start_reply_early``). Audio and video stay on one clock; the segment's positions count from
+where it really started.
+
 Interrupting (``clear_buffer``) drops every unplayed sample of every queued segment, silences the
 driving audio from the next sample the audio output will emit, and withholds the frames that were
 already generated from the dropped audio: the video holds its last frame until frames made from
@@ -42,8 +49,9 @@ from talkloop.agent.clock import Clock, Lateness, MediaClock, RealClock, av_offs
 from talkloop.agent.driver import AudioDriver
 from talkloop.agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
 from talkloop.agent.tts import EspeakTTS
-from talkloop.pipeline.audio.resample import StreamResampler
+from talkloop.pipeline.audio.resample import StreamResampler, resample
 from talkloop.pipeline.backends.report import describe
+from talkloop.pipeline.core.clock import frame_start_sample
 from talkloop.pipeline.core.engine import Engine, Stream, default_engine
 from talkloop.pipeline.core.errors import BusyError, SessionClosedError
 from talkloop.pipeline.core.pipeline import Pipeline
@@ -62,6 +70,8 @@ MAX_CUTS = 64  # interrupts remembered for withholding frames (older frames are 
 # Lines of built-in TTS waiting behind the one being spoken; one more is refused with BusyError.
 # A session speaks one line at a time anyway; a deeper queue only lets one client hold espeak.
 MAX_QUEUED_SAYS = 3
+# How long a reply may wait for enough of its audio to start early (see _start_reply_early).
+REPLY_HOLD_S = 0.16
 
 
 def default_playout_s(pipeline: Pipeline) -> float:
@@ -97,6 +107,13 @@ class AvatarConfig(BaseModel):
         le=60000,
         description="generation this far behind skips whole chunks (the bound is lower when the "
         "measured chunk time says the next chunk could not play on time anyway)",
+    )
+    reply_lead_ms: int | None = Field(
+        None,
+        ge=0,
+        le=5000,
+        description="how far ahead of now a reply that arrives early may start; None: two recent "
+        "chunk times and a driver block (the chunk being made and the reply's first)",
     )
     max_pending_speech_s: float = Field(
         120.0, gt=0, le=3600, description="speech queued ahead of playback at most (backpressure)"
@@ -179,6 +196,8 @@ class AvatarSession:
         self._audio_next = 0  # next sample the audio output emits
         self._video_next = 0  # next frame index the video output emits
         self._pending: LiveFrame | None = None
+        self._held_since: float | None = None  # when the next reply started waiting to go early
+        self.early_replies = 0  # replies that started ahead of the playout delay
         self._last_rgb = reference
         self.frames_sent = self.late_frames = self.dropped_frames = self.withheld_frames = 0
         self.overrun_frames = 0
@@ -400,10 +419,7 @@ class AvatarSession:
             raise SessionClosedError("the avatar session is closed")
         self.video_lateness.add(self.clock.now() - due)
         live = self._take(j)
-        if live is not None and self._withheld(live):
-            live = None
-            self.withheld_frames += 1
-        elif live is None:
+        if live is None:
             self.late_frames += 1
         if live is not None:
             self._last_rgb = live.rgb
@@ -463,6 +479,7 @@ class AvatarSession:
             "late_frames": self.late_frames,
             "dropped_frames": self.dropped_frames + self.frames.dropped_frames,
             "withheld_frames": self.withheld_frames,
+            "early_replies": self.early_replies,
             "overrun_frames": self.overrun_frames,
             "skipped_frames": s.skipped_frames,
             "frames_generated": s.frames,
@@ -509,6 +526,10 @@ class AvatarSession:
                     return None
                 if self._pending is None:  # the queue was closed
                     return None
+            if self._withheld(self._pending):  # made from audio an interrupt or a reply replaced
+                self._pending = None
+                self.withheld_frames += 1
+                continue
             if self._pending.index < j:
                 self._pending = None
                 self.dropped_frames += 1
@@ -529,9 +550,61 @@ class AvatarSession:
         start = self.clock.now()
         k = 0
         while self.error is None:  # a failed generation loop takes no more driving audio
+            self._start_reply_early()
             self.driver.produce_due(self.clock.now())
             k += 1
             await self.clock.sleep_until(start + k * BLOCK_S)
+
+    def _start_reply_early(self) -> None:
+        """Start the next reply in the past of the clock, if its audio is here ahead of time.
+
+        The driving audio produced since the reply arrived (and a little before) is idle: it
+        plays ``playout_delay`` after it was produced. The earliest chunk start whose frames
+        play at least ``lead`` from now (two recent chunk times and a block: the chunk being
+        made and this one) becomes the reply's first sample, provided every block from there on
+        is idle and the reply has queued audio for all of them plus the look-ahead. The reply
+        waits for that much audio up to ``REPLY_HOLD_S``, then starts as it would have.
+        """
+        seg = self.driver.unstarted_speech()
+        if seg is None:
+            self.driver.hold, self._held_since = False, None
+            return
+        now = self.clock.now()
+        if self._held_since is None:
+            self._held_since, self.driver.hold = now, True
+        info, rate = self.info, self.model_rate
+        chunk_s = self.pipeline.config.schedule.n_len / info.fps
+        lead = (
+            2 * (self.session.stats.chunk_seconds or chunk_s) + BLOCK_S
+            if self.config.reply_lead_ms is None
+            else self.config.reply_lead_ms / 1000
+        )
+        queued = seg.queued * rate // self.sample_rate  # model samples
+        produced = self.driver.samples
+        points = [
+            (f, s)
+            for f in self.session.rewind_points()
+            if (s := frame_start_sample(f, info.fps, rate)) < produced
+            and self.media.due(s) >= now + lead
+            and self.driver.idle_from(s)
+        ]
+        # Earliest first: the earliest plays soonest but needs the most queued audio.
+        enough = [
+            (f, s) for f, s in points if produced - s + self.pipeline.lookahead_samples <= queued
+        ]
+        timed_out = now - self._held_since >= REPLY_HOLD_S
+        if enough and (enough[0] == points[0] or timed_out):
+            frame, start = enough[0]
+            model = resample(self.driver.rewrite(start), self.sample_rate, rate)
+            model = np.pad(model, (0, max(0, produced - start - model.shape[0])))
+            self._epoch = self.session.rewind(frame, model[: produced - start])
+            self._cuts[self._epoch] = start
+            self.early_replies += 1
+            self.driver.hold, self._held_since = False, None
+        elif timed_out or not points:
+            # Waited long enough, or no chunk start plays late enough to be made again in time
+            # (waiting for one would cost more than it could gain): it starts on the clock.
+            self.driver.hold, self._held_since = False, None
 
     def _read_output(self, start: int, count: int) -> np.ndarray | None:
         """Output samples ``[start, start + count)`` as played out (mirrors; generation thread);

@@ -107,6 +107,7 @@ async def measure(spec: dict) -> dict:
             "n": int(reply_ms.size),
             "sent": len(replies),
             "speedup": REPLY_SPEEDUP,
+            "started_early": last.get("early_replies"),  # the server's count
         },
         "video_frames": len(result.video_times),
         "fps": result.summary()["fps"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -53,6 +54,19 @@ class SessionStats:
         (their sum is at most the rtf). Safe to call from another thread than the loop's."""
         media = max(self.frames / fps, 1e-9)
         return {k: v / media for k, v in sorted(dict(self.stage_seconds).items())}
+
+
+REWIND_S = 0.5  # how far back a rewind can go: a live call's playout delay, with room to spare
+
+
+@dataclass
+class _Snapshot:
+    """What a session kept just before it began a chunk: enough to make that chunk again."""
+
+    next_n: int
+    frames_published: int
+    fields: dict
+    prompt: str
 
 
 @dataclass
@@ -102,6 +116,8 @@ class Session:
         # Called (no arguments, any thread) when audio arrives or ends and when the session
         # closes: the live engine waits on these instead of polling.
         self.listeners: list[Callable[[], None]] = []
+        self._snapshots: deque[_Snapshot] = deque()  # the last REWIND_S of chunk starts
+        self._pending_rewind: tuple[int, int, np.ndarray] | None = None
         pipeline.run_phase("init", {"reference_image": reference, "prompt": prompt}, self.state)
         opened: list[Sink] = []
         try:
@@ -166,6 +182,61 @@ class Session:
             self.audio_epoch += 1
             return self.audio_epoch
 
+    def rewind_points(self) -> list[int]:
+        """The frames a :meth:`rewind` can go back to: the starts of the chunks made recently
+        and of the next one, oldest first."""
+        with self._cond:
+            if self._pending_rewind is not None:
+                return []
+            points = [s.frames_published for s in self._snapshots]
+            return [*points, self.state.frames_published]
+
+    def rewind(self, frame: int, audio: np.ndarray) -> int:
+        """Make the chunks from ``frame`` (one of :meth:`rewind_points`) again, on new audio.
+
+        ``audio`` replaces the driving audio from ``frame``'s first sample on (what has arrived
+        of it: the rest keeps coming through ``push_audio``): a reply that arrived ahead of
+        real time starts on frames already made from silence. The chunk being made now, if any,
+        finishes; the session goes back before its next one. Frames published from the old
+        audio carry the epoch from before this call.
+
+        Returns:
+            The new audio epoch (chunks begun from here on carry it).
+        """
+        with self._cond:
+            if frame not in [s.frames_published for s in self._snapshots] + [
+                self.state.frames_published
+            ]:
+                raise ValueError(f"frame {frame} is not a rewind point of this session")
+            self._pending_rewind = (frame, self._frame_sample(frame), audio.astype(np.float32))
+            self.audio_epoch += 1
+            self._cond.notify_all()
+            epoch = self.audio_epoch
+        self._tell()
+        return epoch
+
+    def _frame_sample(self, frame: int) -> int:
+        info = self.pipeline.info
+        return frame_start_sample(frame, info.fps, info.sample_rate)
+
+    def _apply_rewind(self) -> None:
+        """(lock held, no chunk running) Go back to the pending rewind's chunk."""
+        assert self._pending_rewind is not None
+        frame, start, audio = self._pending_rewind
+        self._pending_rewind = None
+        snap = None
+        while self._snapshots and self._snapshots[-1].frames_published >= frame:
+            snap = self._snapshots.pop()
+        if snap is not None and snap.frames_published == frame:
+            self.state.next_n, self.state.frames_published = snap.next_n, snap.frames_published
+            self.state.fields, self.state.prompt = snap.fields, snap.prompt
+        elif self.state.frames_published != frame:  # rewind() checked it was a point
+            raise RuntimeError(f"rewind point {frame} was lost")
+        buf = self.state.audio
+        lo, hi = max(start, buf.offset), min(start + audio.shape[0], buf.received)
+        if hi > lo:
+            buf.samples[lo - buf.offset : hi - buf.offset] = audio[lo - start : hi - start]
+
     def _tell(self) -> None:
         """Wake whoever runs this session's chunks (outside the lock: they take their own)."""
         for listener in list(self.listeners):
@@ -199,10 +270,7 @@ class Session:
     def ready(self) -> bool:
         """True when ``step`` would generate a chunk without waiting for audio."""
         with self._cond:
-            n = self.next_chunk()
-            if n is None:
-                return False
-            return self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
+            return self._ready_locked()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         with self._cond:
@@ -211,6 +279,8 @@ class Session:
             )
 
     def _ready_locked(self) -> bool:
+        if self._pending_rewind is not None:
+            return True  # the chunk it goes back to has its audio: it was made once already
         n = self.next_chunk()
         return n is not None and (
             self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
@@ -235,10 +305,15 @@ class Session:
             raise SessionClosedError("the session is closed")
         p, state = self.pipeline, self.state
         with self._cond:
+            if self._pending_rewind is not None:
+                self._apply_rewind()
             if not self._ready_locked():
                 return None
             n = self.next_chunk()
             assert n is not None  # _ready_locked checked it
+            self._snapshots.append(
+                _Snapshot(state.next_n, state.frames_published, dict(state.fields), state.prompt)
+            )
             windows = self._windows(n)
             self._step_epoch = self.audio_epoch
             total_samples = state.audio.received if state.audio.ended else None
@@ -323,8 +398,9 @@ class Session:
         """
         with self._cond:
             n = self.next_chunk()
-            # N0 is never skipped: later chunks and I chunks need its motion context.
-            if n is None or n.index == 0 or not self._ready_locked():
+            # N0 is never skipped: later chunks and I chunks need its motion context. Nor is
+            # a chunk a rewind is about to make again.
+            if n is None or n.index == 0 or self._pending_rewind or not self._ready_locked():
                 return 0
             self.state.next_n += 1
             self.state.frames_published = n.stop
@@ -344,7 +420,12 @@ class Session:
 
     def _trim_audio(self) -> None:
         """Release audio that neither publishing nor a future window needs."""
-        info, p, done = self.pipeline.info, self.pipeline, self.state.frames_published
+        info, p = self.pipeline.info, self.pipeline
+        horizon = self.state.frames_published - int(REWIND_S * info.fps)
+        while self._snapshots and self._snapshots[0].frames_published < horizon:
+            self._snapshots.popleft()
+        # From the oldest chunk a rewind can make again (its windows reach back as far).
+        done = min([s.frames_published for s in self._snapshots] + [self.state.frames_published])
         keep_from = min(
             frame_start_sample(done, info.fps, info.sample_rate),
             frame_start_sample(done + 1, info.fps, info.sample_rate)

@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from talkloop.pipeline.audio.resample import resample
+from talkloop.pipeline.core.clock import frame_start_sample
 from talkloop.pipeline.core.records import AudioChunk, StreamInfo, VideoChunk
 from talkloop.pipeline.outputs.sink import Sink
 
@@ -42,13 +43,25 @@ class FullBandSink:
         release: Callable[[], None] | None = None,
     ) -> None:
         self.inner, self.rate, self.read, self.release = inner, rate, read, release
-        self._model_rate = 0
+        self._model_rate = self._fps = 0
+        self._next_frame = 0  # the first frame the inner sink has not had
 
     def open(self, info: StreamInfo) -> None:
-        self._model_rate = info.sample_rate
+        self._model_rate, self._fps = info.sample_rate, info.fps
         self.inner.open(replace(info, sample_rate=self.rate))
 
     def write(self, video: VideoChunk, audio: AudioChunk) -> None:
+        # A live session that starts a reply early makes chunks again from an earlier frame:
+        # what the inner sink already has stays (a file or stream cannot take it back), only
+        # the frames after it pass.
+        skip = self._next_frame - video.first_index
+        if skip >= len(video):
+            return
+        if skip > 0:
+            cut = frame_start_sample(video.first_index + skip, self._fps, self._model_rate)
+            audio = AudioChunk(audio.samples[cut - audio.first_sample :], cut)
+            video = VideoChunk(video.frames[skip:], video.first_index + skip, video.epoch)
+        self._next_frame = video.first_index + len(video)
         if len(audio):
             # Sample k at the model rate is sample k * rate / model_rate here; floors of the
             # segment's two ends, so consecutive segments tile the output without gap or overlap.
