@@ -99,3 +99,40 @@ def test_the_reply_is_lip_synced_from_its_first_frame(live_pipeline) -> None:
     start = first.pts // (OUT // 25)  # the reply's first frame
     shown = [f for f in video if f.index >= start]
     assert shown and not any(f.held for f in shown[:10])  # no frame of the old silence, no gap
+
+
+def test_an_interrupt_right_after_an_early_start_leaves_no_reply_behind(live_pipeline) -> None:
+    """Interrupted before the session went back (the rewind pending): neither the reply's audio
+    nor frames made from it are played after the interrupt."""
+    reply = tone(int(0.8 * RATE), RATE, hz=300.0, amp=0.4)
+
+    async def body():
+        clock = ManualClock()
+        cfg = AvatarConfig(playout_delay_ms=PLAYOUT_MS, reply_lead_ms=LEAD_MS)
+        avatar = AvatarSession(live_pipeline, make_reference(), config=cfg, clock=clock)
+        avatar.start()
+        out: list = []
+
+        async def collect() -> None:
+            async for item in avatar:
+                out.append((clock.now(), item))
+
+        consumer = asyncio.create_task(collect())
+        await advance(avatar, clock, 1.0)
+        for i in range(0, reply.shape[0], RATE // 50):
+            avatar.push_audio(pcm(reply[i : i + RATE // 50]))
+        avatar.end_of_segment()
+        avatar._start_reply_early()  # the next tick's early start, before generation runs
+        assert avatar.early_replies == 1
+        finished = avatar.clear_buffer()
+        await advance(avatar, clock, 1.0)
+        consumer.cancel()
+        await avatar.close()
+        return out, finished
+
+    out, finished = run(body(), 240)
+    assert [f.interrupted for f in finished] == [True] and finished[0].position_ms == 0
+    audio = [f for _, f in out if isinstance(f, AudioFrame)]
+    assert not any(f.segment_id == 0 for f in audio)  # nothing of the reply was played
+    played = np.concatenate([np.frombuffer(f.data, "<i2") for f in audio])
+    assert np.abs(played).max() == 0  # silence throughout: the avatar stayed idle

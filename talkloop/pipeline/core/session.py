@@ -179,6 +179,9 @@ class Session:
             buf = self.state.audio
             start = max(used + p.lookahead_samples, from_sample)
             buf.samples[max(0, start - buf.offset) :] = 0.0
+            if self._pending_rewind is not None:  # a reply that started early, interrupted
+                frame, at, audio = self._pending_rewind
+                audio[max(0, from_sample - at) :] = 0.0
             self.audio_epoch += 1
             return self.audio_epoch
 
