@@ -65,7 +65,7 @@ def simulate(sessions: list[Timed], now: list[float], cost_s: float, seconds: fl
             s.generated += 1
         return [3] * len(batch)
 
-    engine = Engine(clock=lambda: now[0], step=step, **kw)
+    engine = Engine(step=step, **kw)
     for s in sessions:
         # The lag bound of a live call: what still shows part of the chunk (AvatarSession).
         bound = PLAYOUT_S - cost_s - 1 / 25

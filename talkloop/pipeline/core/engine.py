@@ -1,14 +1,15 @@
 """The live engine: one generation loop for every live session of a process.
 
 A live session (a :class:`Session` fed in real time by a call) joins the engine with two
-functions: ``deadline(frame)``, the time on the engine's clock at which that frame must play, and
-``max_lag_s()``, how much audio may wait before it gives up a chunk. Each turn the engine
+functions: ``deadline(frame)``, when that frame must play (one clock for every session: a
+server's is ``time.monotonic``), and ``max_lag_s()``, how much audio may wait before it gives up
+a chunk. Each turn the engine
 
 1. lets every session whose backlog is past its bound skip its next chunk (it catches up a whole
    chunk of lag and computes nothing: its video holds a frame meanwhile);
 2. takes, of the sessions whose next chunk has its audio, the one that has given up the most
-   chunks, and of those the one whose chunk is due first (earliest deadline first), and with it every other ready session of the same pipeline, up to
-   ``max_batch``: their ``n_chunk`` phases run as one batch (one forward of the motion model for
+   chunks, and of those the one whose chunk is due first (earliest deadline first), and with it
+   every other ready session of the same pipeline, up to ``max_batch``: their ``n_chunk`` phases run as one batch (one forward of the motion model for
    all of them, :func:`~talkloop.pipeline.core.session.step_sessions`), then each finishes its
    chunk (the renderers run side by side on ``publish_workers`` threads);
 3. waits for audio when no session is ready.
@@ -28,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -57,7 +57,6 @@ class Engine:
     """Runs the chunks of every added session on one thread (see the module docstring).
 
     Args:
-        clock: the time ``deadline`` answers in (only compared, never slept on).
         max_batch: sessions whose chunks run as one batch at most.
         publish_workers: threads that finish the chunks of a batch side by side (the renderers
             release the GIL); None: the number of cores.
@@ -66,7 +65,6 @@ class Engine:
 
     def __init__(
         self,
-        clock: Callable[[], float] = time.monotonic,
         max_batch: int = 8,
         publish_workers: int | None = None,
         name: str = "engine",
@@ -74,7 +72,6 @@ class Engine:
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.clock = clock
         self.step = step
         self.max_batch = max_batch
         self.name = name
