@@ -9,9 +9,10 @@ a chunk. Each turn the engine
    chunk of lag and computes nothing: its video holds a frame meanwhile);
 2. takes, of the sessions whose next chunk has its audio, the one that has given up the most
    chunks, and of those the one whose chunk is due first (earliest deadline first), and with it
-   every other ready session of the same pipeline, up to ``max_batch``: their ``n_chunk`` phases run as one batch (one forward of the motion model for
-   all of them, :func:`~talkloop.pipeline.core.session.step_sessions`), then each finishes its
-   chunk (the renderers run side by side on ``publish_workers`` threads);
+   every other ready session of the same pipeline, up to ``max_batch``: their ``n_chunk`` phases
+   run as one batch (one forward of the motion model for all of them,
+   :func:`~talkloop.pipeline.core.session.step_sessions`), then each finishes its chunk (the
+   renderers run side by side on ``publish_workers`` threads);
 3. waits for audio when no session is ready.
 
 So the event loop of a server carries no generation work. While the machine keeps up, nothing is
