@@ -238,22 +238,6 @@ def test_exposure_needs_a_token_and_tls_unless_insecure() -> None:
     assert "access token" not in str(err.value) and "--insecure" in str(err.value)
 
 
-@pytest.fixture
-def served(monkeypatch):
-    """`talkloop serve` up to the server start; the keyword arguments it would serve with."""
-    import talkloop.pipeline.cli
-
-    seen: list[dict] = []
-
-    async def fake_serve_forever(
-        config, reference, prompt, host, port, max_sessions, call_config, *a, **k
-    ):
-        seen.append({"host": host, "max_sessions": max_sessions, **k})
-
-    monkeypatch.setattr(talkloop.pipeline.cli, "serve_forever", fake_serve_forever)
-    return seen
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -281,7 +265,7 @@ def test_max_calls_and_its_first_name_max_sessions_are_one_flag(served) -> None:
     assert main(["serve", *TINY, "--max-calls", "3"]) == 0
     assert main(["serve", *TINY, "--max-sessions", "2"]) == 0
     assert main(["serve", *TINY]) == 0
-    assert [s["max_sessions"] for s in served] == [3, 2, 1]
+    assert [s["max_calls"] for s in served] == [3, 2, 1]
 
 
 def test_serving_other_machines_with_token_and_tls(capsys, served, tmp_path) -> None:

@@ -96,19 +96,6 @@ def test_inconsistent_ice_settings_are_refused(kw, message) -> None:
         IceConfig(**kw)
 
 
-@pytest.fixture
-def served(monkeypatch):
-    import talkloop.pipeline.cli
-
-    seen: list[dict] = []
-
-    async def fake_serve_forever(*a, **k):
-        seen.append(k)
-
-    monkeypatch.setattr(talkloop.pipeline.cli, "serve_forever", fake_serve_forever)
-    return seen
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
