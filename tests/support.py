@@ -298,12 +298,24 @@ async def until(ws, kind: str, timeout: float = 20) -> dict:
     return await asyncio.wait_for(wait(), timeout)
 
 
-async def drain(avatar, into: list | None = None) -> None:
+async def drain(avatar, into: list | None = None, clock=None) -> None:
     """Take everything an avatar session emits, as a viewer's tracks would (playback is what the
-    outputs emit); kept in ``into`` when given."""
+    outputs emit); kept in ``into`` when given, as ``(clock.now(), item)`` with a ``clock``."""
     async for item in avatar:
         if into is not None:
-            into.append(item)
+            into.append(item if clock is None else (clock.now(), item))
+
+
+def pcm_frame(x: np.ndarray, rate: int, channels: int = 1):
+    """Float samples as an agent's PCM16 AudioFrame (clipped, rounded); ``channels`` 2: the same
+    samples on both."""
+    from talkloop.agent.frames import AudioFrame
+    from talkloop.pipeline.audio.pcm import float_to_pcm16
+
+    data = float_to_pcm16(x).astype("<i2")
+    if channels == 2:
+        data = np.repeat(data, 2)
+    return AudioFrame(data.tobytes(), rate, channels)
 
 
 async def offer_without_candidates() -> str:

@@ -14,7 +14,7 @@ from talkloop.agent.frames import AudioFrame, PlaybackFinished, PlaybackStarted,
 from talkloop.agent.session import AvatarConfig, AvatarSession
 from talkloop.pipeline.audio.resample import resample
 
-from support import advance, make_reference, run, tone
+from support import advance, drain, make_reference, pcm_frame, run, tone
 
 pytestmark = pytest.mark.unit
 
@@ -22,10 +22,6 @@ OUT = 48000
 RATE = 24000  # an agent's TTS
 PLAYOUT_MS = 400
 LEAD_MS = 60  # the reply's lead, fixed: the measured one follows the machine's speed
-
-
-def pcm(x: np.ndarray) -> AudioFrame:
-    return AudioFrame(np.rint(np.clip(x, -1, 1) * 32767).astype("<i2").tobytes(), RATE, 1)
 
 
 def play_a_reply(pipeline, idle_s: float):
@@ -42,15 +38,11 @@ def play_a_reply(pipeline, idle_s: float):
         avatar.start()
         out: list = []
 
-        async def collect() -> None:
-            async for item in avatar:
-                out.append((clock.now(), item))
-
-        consumer = asyncio.create_task(collect())
+        consumer = asyncio.create_task(drain(avatar, out, clock))
         await advance(avatar, clock, idle_s)  # the avatar idles: silence produced, frames made
         pushed_at = clock.now()
         for i in range(0, reply.shape[0], RATE // 50):  # all at once, as a fast TTS sends it
-            avatar.push_audio(pcm(reply[i : i + RATE // 50]))
+            avatar.push_audio(pcm_frame(reply[i : i + RATE // 50], RATE))
         avatar.end_of_segment()
         await advance(avatar, clock, 1.6)
         consumer.cancel()
@@ -113,14 +105,10 @@ def test_an_interrupt_right_after_an_early_start_leaves_no_reply_behind(live_pip
         avatar.start()
         out: list = []
 
-        async def collect() -> None:
-            async for item in avatar:
-                out.append((clock.now(), item))
-
-        consumer = asyncio.create_task(collect())
+        consumer = asyncio.create_task(drain(avatar, out, clock))
         await advance(avatar, clock, 1.0)
         for i in range(0, reply.shape[0], RATE // 50):
-            avatar.push_audio(pcm(reply[i : i + RATE // 50]))
+            avatar.push_audio(pcm_frame(reply[i : i + RATE // 50], RATE))
         avatar.end_of_segment()
         avatar._start_reply_early()  # the next tick's early start, before generation runs
         assert avatar.early_replies == 1

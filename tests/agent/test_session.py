@@ -20,7 +20,7 @@ from talkloop.agent.session import AvatarConfig, AvatarSession
 from talkloop.pipeline.audio.resample import resample
 from talkloop.pipeline.core.errors import BusyError
 
-from support import advance, make_reference, run
+from support import advance, drain, make_reference, pcm_frame, run
 
 pytestmark = pytest.mark.unit
 
@@ -36,22 +36,10 @@ def speech_like(seconds: float, rate: int, seed: int = 0) -> np.ndarray:
     return (0.3 * env * x).astype(np.float32)
 
 
-def pcm(x: np.ndarray, rate: int, channels: int = 1) -> AudioFrame:
-    data = np.rint(np.clip(x, -1, 1) * 32767).astype("<i2")
-    if channels == 2:
-        data = np.repeat(data, 2)
-    return AudioFrame(data.tobytes(), rate, channels)
-
-
 def open_session(pipeline, **config) -> tuple[AvatarSession, ManualClock]:
     clock = ManualClock()
     cfg = AvatarConfig(playout_delay_ms=400, **config)
     return AvatarSession(pipeline, make_reference(), config=cfg, clock=clock), clock
-
-
-async def collect(avatar: AvatarSession, clock: ManualClock, out: list) -> None:
-    async for item in avatar:
-        out.append((clock.now(), item))
 
 
 @pytest.mark.parametrize("rate", [16000, 24000, 48000])
@@ -62,11 +50,11 @@ def test_speech_pushed_faster_than_real_time_plays_paced_and_in_sync(live_pipeli
         avatar, clock = open_session(live_pipeline)
         avatar.start()
         out: list = []
-        consumer = asyncio.create_task(collect(avatar, clock, out))
+        consumer = asyncio.create_task(drain(avatar, out, clock))
         # the whole utterance at once, in 20 ms frames (as a TTS faster than real time does)
         step = rate // 50
         for i in range(0, speech.shape[0], step):
-            avatar.push_audio(pcm(speech[i : i + step], rate))
+            avatar.push_audio(pcm_frame(speech[i : i + step], rate))
         avatar.end_of_segment()
         pushed_at = clock.now()
         await advance(avatar, clock, 2.6)
@@ -125,7 +113,7 @@ def test_a_video_sender_that_falls_behind_skips_to_the_frame_due_now(live_pipeli
     async def body():
         avatar, clock = open_session(live_pipeline)
         avatar.start()
-        avatar.push_audio(pcm(speech_like(3.0, RATE), RATE))
+        avatar.push_audio(pcm_frame(speech_like(3.0, RATE), RATE))
         await advance(avatar, clock, 0.5)
         got = []
         for _ in range(25):
@@ -155,8 +143,8 @@ def test_interrupt_reports_the_played_position_and_emits_nothing_of_the_segment(
         avatar, clock = open_session(live_pipeline)
         avatar.start()
         out: list = []
-        consumer = asyncio.create_task(collect(avatar, clock, out))
-        avatar.push_audio(pcm(speech, 24000), label="item_1")
+        consumer = asyncio.create_task(drain(avatar, out, clock))
+        avatar.push_audio(pcm_frame(speech, 24000), label="item_1")
         await advance(avatar, clock, 1.3)
         generated = avatar.session.state.frames_published
         cut = avatar.driver.out_index(avatar._audio_next)  # at the output rate
@@ -199,8 +187,8 @@ def test_segment_end_after_the_audio_played_still_finishes(live_pipeline) -> Non
         avatar, clock = open_session(live_pipeline)
         avatar.start()
         out: list = []
-        consumer = asyncio.create_task(collect(avatar, clock, out))
-        avatar.push_audio(pcm(speech, RATE))
+        consumer = asyncio.create_task(drain(avatar, out, clock))
+        avatar.push_audio(pcm_frame(speech, RATE))
         await advance(avatar, clock, 1.2)
         avatar.end_of_segment()
         await advance(avatar, clock, 0.1)
@@ -228,10 +216,12 @@ def test_bad_audio_is_rejected_with_clear_errors_and_backpressure(live_pipeline)
             with pytest.raises(AudioFormatError) as err:
                 avatar.push_audio(frame)
             errors[name] = str(err.value)
-        avatar.push_audio(pcm(speech_like(0.8, 48000), 48000, channels=2))  # stereo 48 kHz: fine
+        avatar.push_audio(
+            pcm_frame(speech_like(0.8, 48000), 48000, channels=2)
+        )  # stereo 48 kHz: fine
         queued = avatar.pending_s
         with pytest.raises(BusyError):
-            avatar.push_audio(pcm(speech_like(0.5, RATE), RATE))
+            avatar.push_audio(pcm_frame(speech_like(0.5, RATE), RATE))
         still = avatar.pending_s
         avatar.start()
         await advance(avatar, clock, 0.2)  # 0.6 s still queued: 0.5 s more does not fit
@@ -240,7 +230,7 @@ def test_bad_audio_is_rejected_with_clear_errors_and_backpressure(live_pipeline)
         done_early = waiter.done()
         await advance(avatar, clock, 0.1)  # queue drained in real time: it fits now
         await asyncio.wait_for(waiter, 5)
-        avatar.push_audio(pcm(speech_like(0.5, RATE), RATE))  # room again: accepted
+        avatar.push_audio(pcm_frame(speech_like(0.5, RATE), RATE))  # room again: accepted
         await avatar.close()
         return errors, queued, still, done_early
 
