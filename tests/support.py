@@ -52,6 +52,37 @@ class CollectSink:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
 
 
+# -- names in the docs ------------------------------------------------------------------------------
+
+OPTIONAL = {"livekit", "pipecat", "ray"}  # the optional extras' top-level packages
+
+
+def resolve(name: str) -> object:
+    """The object a dotted ``talkloop.`` name stands for: the longest importable module, then
+    attributes; a name whose module needs an optional extra not installed here is skipped."""
+    import importlib
+
+    import pytest
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            missing = err.name or ""
+            if missing.split(".")[0] in OPTIONAL:
+                pytest.skip(f"{name} needs {missing}, an optional extra not installed here")
+            if module == missing or module.startswith(missing + "."):
+                continue  # not a module of ours: a shorter prefix may be, the rest attributes
+            raise
+        for attr in parts[cut:]:
+            assert hasattr(obj, attr), f"{'.'.join(parts[:cut])} has no {attr!r} (for {name})"
+            obj = getattr(obj, attr)
+        return obj
+    raise AssertionError(f"no prefix of {name} imports")
+
+
 # -- test signals ---------------------------------------------------------------------------------
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
 import re
 from pathlib import Path
 
@@ -33,6 +32,8 @@ from talkloop.pipeline.core.state import SHARED_FIELDS
 from talkloop.pipeline.models import registry
 from talkloop.pipeline.models.spec import FamilySpec, specs
 
+from support import resolve
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,6 @@ PROSE = re.sub(r"^```.*?^```[ \t]*$", "", DOC, flags=re.M | re.S)  # fenced bloc
 SPANS = re.findall(r"`([^`\s]+)`", PROSE)
 NAMES = sorted({s for s in SPANS if re.fullmatch(r"talkloop(\.\w+)+", s)})
 FILES = sorted({s for s in SPANS if re.fullmatch(r"talkloop(/\w+)+\.py", s)})
-OPTIONAL = {"livekit", "pipecat", "ray"}  # the extras' top-level packages
 
 
 def section(heading: str) -> str:
@@ -54,27 +54,6 @@ def section(heading: str) -> str:
 def bullets(text: str) -> set[str]:
     """The names in backticks that open the bullets of ``text``."""
     return set(re.findall(r"^- `(\w+)`", text, flags=re.M))
-
-
-def resolve(name: str) -> object:
-    """The object ``name`` stands for: the longest importable module, then attributes."""
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        module = ".".join(parts[:cut])
-        try:
-            obj = importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            missing = err.name or ""
-            if missing.split(".")[0] in OPTIONAL:
-                pytest.skip(f"{name} needs {missing}, an optional extra not installed here")
-            if module == missing or module.startswith(missing + "."):
-                continue  # not a module of ours: a shorter prefix may be, the rest attributes
-            raise
-        for attr in parts[cut:]:
-            assert hasattr(obj, attr), f"{'.'.join(parts[:cut])} has no {attr!r} (for {name})"
-            obj = getattr(obj, attr)
-        return obj
-    raise AssertionError(f"no prefix of {name} imports")
 
 
 def called_on_families() -> set[str]:

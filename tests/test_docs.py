@@ -12,6 +12,8 @@ import pytest
 from talkloop.pipeline.models import registry
 from talkloop.pipeline.models.spec import FamilySpec, specs
 
+from support import resolve
+
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "architecture.md").read_text()
@@ -28,20 +30,6 @@ def test_the_doc_names_paths_and_dotted_names() -> None:
 @pytest.mark.parametrize("path", PATHS)
 def test_every_path_exists(path: str) -> None:
     assert (ROOT / path).exists(), f"docs/architecture.md names {path}, which is not in the tree"
-
-
-def resolve(name: str) -> object:
-    """The object a dotted name stands for: the longest importable module, then attributes."""
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ModuleNotFoundError(name)
 
 
 @pytest.mark.parametrize("name", NAMES)
