@@ -52,35 +52,23 @@ class CollectSink:
         return np.concatenate(self.audio) if self.audio else np.zeros(0, np.float32)
 
 
-# -- names in the docs ------------------------------------------------------------------------------
+class RecordingMirror:
+    """A mirror (a Sink) that records what was done to it: "open", "close", "abort"."""
 
-OPTIONAL = {"livekit", "pipecat", "ray"}  # the optional extras' top-level packages
+    def __init__(self) -> None:
+        self.events: list[str] = []
 
+    def open(self, info) -> None:
+        self.events.append("open")
 
-def resolve(name: str) -> object:
-    """The object a dotted ``talkloop.`` name stands for: the longest importable module, then
-    attributes; a name whose module needs an optional extra not installed here is skipped."""
-    import importlib
+    def write(self, video, audio) -> None:
+        pass
 
-    import pytest
+    def close(self) -> None:
+        self.events.append("close")
 
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        module = ".".join(parts[:cut])
-        try:
-            obj = importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            missing = err.name or ""
-            if missing.split(".")[0] in OPTIONAL:
-                pytest.skip(f"{name} needs {missing}, an optional extra not installed here")
-            if module == missing or module.startswith(missing + "."):
-                continue  # not a module of ours: a shorter prefix may be, the rest attributes
-            raise
-        for attr in parts[cut:]:
-            assert hasattr(obj, attr), f"{'.'.join(parts[:cut])} has no {attr!r} (for {name})"
-            obj = getattr(obj, attr)
-        return obj
-    raise AssertionError(f"no prefix of {name} imports")
+    def abort(self) -> None:
+        self.events.append("abort")
 
 
 # -- test signals ---------------------------------------------------------------------------------
@@ -119,65 +107,7 @@ def psnr(a, b, peak: float = 255.0) -> float:
     return float(10 * np.log10(peak**2 / max(mse, 1e-12)))
 
 
-# -- offline and streaming renders of a pipeline (tests/core, tests/models) ----------------------
-
-
-def blocks(samples: np.ndarray, size: int):
-    """``samples`` in consecutive pieces of ``size`` (the last one shorter)."""
-    for i in range(0, samples.shape[0], size):
-        yield samples[i : i + size]
-
-
-def feed_live(session, audio: np.ndarray, packet: int = 320) -> None:
-    """Run ``session`` live with ``audio`` pushed in packets (320: 20 ms at 16 kHz) from another
-    thread while ``run_live`` generates, as a call feeds it."""
-
-    def feed() -> None:
-        for p in blocks(audio, packet):
-            session.push_audio(p)
-        session.end_audio()
-
-    feeder = threading.Thread(target=feed)
-    feeder.start()
-    session.run_live()
-    feeder.join()
-
-
-def render_batch(pipeline, audio: np.ndarray, reference=None, **kw) -> CollectSink:
-    """All of ``audio`` at once through a session on ``reference`` (default: make_reference())."""
-    sink = CollectSink()
-    ref = make_reference() if reference is None else reference
-    pipeline.open_session(ref, sinks=[sink], **kw).render([audio])
-    return sink
-
-
-def render_streaming(pipeline, audio: np.ndarray, reference=None, packet: int = 320):
-    """``audio`` through a live session (feed_live) on ``reference`` (default: make_reference())."""
-    sink = CollectSink()
-    ref = make_reference() if reference is None else reference
-    feed_live(pipeline.open_session(ref, sinks=[sink]), audio, packet)
-    return sink
-
-
-def memory_reports(pipeline, reference, speech: np.ndarray, at: tuple[int, ...]):
-    """The session's ``state.memory_report()`` as chunk k of each k in ``at`` is published,
-    rendering tiled ``speech`` for enough frames (first chunk, then N chunks of n_len at 25 fps,
-    16 kHz); returns the reports by chunk and how many chunks the session ran."""
-    from talkloop.pipeline.core.clock import frame_start_sample
-
-    reports: dict[int, dict] = {}
-
-    class Probe(CollectSink):
-        def write(self, video, audio) -> None:
-            chunk = session.stats.chunks + 1
-            if chunk in at:
-                reports[chunk] = session.state.memory_report()
-
-    schedule = pipeline.config.schedule
-    frames = schedule.first_len + max(at) * schedule.n_len
-    session = pipeline.open_session(reference, sinks=[Probe()])
-    session.render(blocks(np.resize(speech, frame_start_sample(frames, 25, 16000)), 640))
-    return reports, session.stats.chunks
+# -- test images, configs and modules -------------------------------------------------------------
 
 
 def portraits() -> dict[str, Path]:
@@ -262,23 +192,65 @@ def liven(modules, seed: int = 1) -> None:
                     p.copy_(torch.randn(p.shape, generator=g) * 0.05)
 
 
-class RecordingMirror:
-    """A mirror (a Sink) that records what was done to it: "open", "close", "abort"."""
+# -- offline and streaming renders of a pipeline (tests/core, tests/models) ----------------------
 
-    def __init__(self) -> None:
-        self.events: list[str] = []
 
-    def open(self, info) -> None:
-        self.events.append("open")
+def blocks(samples: np.ndarray, size: int):
+    """``samples`` in consecutive pieces of ``size`` (the last one shorter)."""
+    for i in range(0, samples.shape[0], size):
+        yield samples[i : i + size]
 
-    def write(self, video, audio) -> None:
-        pass
 
-    def close(self) -> None:
-        self.events.append("close")
+def feed_live(session, audio: np.ndarray, packet: int = 320) -> None:
+    """Run ``session`` live with ``audio`` pushed in packets (320: 20 ms at 16 kHz) from another
+    thread while ``run_live`` generates, as a call feeds it."""
 
-    def abort(self) -> None:
-        self.events.append("abort")
+    def feed() -> None:
+        for p in blocks(audio, packet):
+            session.push_audio(p)
+        session.end_audio()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    session.run_live()
+    feeder.join()
+
+
+def render_batch(pipeline, audio: np.ndarray, reference=None, **kw) -> CollectSink:
+    """All of ``audio`` at once through a session on ``reference`` (default: make_reference())."""
+    sink = CollectSink()
+    ref = make_reference() if reference is None else reference
+    pipeline.open_session(ref, sinks=[sink], **kw).render([audio])
+    return sink
+
+
+def render_streaming(pipeline, audio: np.ndarray, reference=None, packet: int = 320):
+    """``audio`` through a live session (feed_live) on ``reference`` (default: make_reference())."""
+    sink = CollectSink()
+    ref = make_reference() if reference is None else reference
+    feed_live(pipeline.open_session(ref, sinks=[sink]), audio, packet)
+    return sink
+
+
+def memory_reports(pipeline, reference, speech: np.ndarray, at: tuple[int, ...]):
+    """The session's ``state.memory_report()`` as chunk k of each k in ``at`` is published,
+    rendering tiled ``speech`` for enough frames (first chunk, then N chunks of n_len at 25 fps,
+    16 kHz); returns the reports by chunk and how many chunks the session ran."""
+    from talkloop.pipeline.core.clock import frame_start_sample
+
+    reports: dict[int, dict] = {}
+
+    class Probe(CollectSink):
+        def write(self, video, audio) -> None:
+            chunk = session.stats.chunks + 1
+            if chunk in at:
+                reports[chunk] = session.state.memory_report()
+
+    schedule = pipeline.config.schedule
+    frames = schedule.first_len + max(at) * schedule.n_len
+    session = pipeline.open_session(reference, sinks=[Probe()])
+    session.render(blocks(np.resize(speech, frame_start_sample(frames, 25, 16000)), 640))
+    return reports, session.stats.chunks
 
 
 # -- in-process servers and their clients (tests/rtc, tests/agent) -------------------------------
@@ -590,3 +562,34 @@ def speech_and_pauses(
         dtype=bool,
     )
     return speech, pause
+
+
+# -- names in the docs ------------------------------------------------------------------------------
+
+OPTIONAL = {"livekit", "pipecat", "ray"}  # the optional extras' top-level packages
+
+
+def resolve(name: str) -> object:
+    """The object a dotted ``talkloop.`` name stands for: the longest importable module, then
+    attributes; a name whose module needs an optional extra not installed here is skipped."""
+    import importlib
+
+    import pytest
+
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            missing = err.name or ""
+            if missing.split(".")[0] in OPTIONAL:
+                pytest.skip(f"{name} needs {missing}, an optional extra not installed here")
+            if module == missing or module.startswith(missing + "."):
+                continue  # not a module of ours: a shorter prefix may be, the rest attributes
+            raise
+        for attr in parts[cut:]:
+            assert hasattr(obj, attr), f"{'.'.join(parts[:cut])} has no {attr!r} (for {name})"
+            obj = getattr(obj, attr)
+        return obj
+    raise AssertionError(f"no prefix of {name} imports")
