@@ -3,8 +3,9 @@ playback (4x real time, as a TTS agent does): where in the media the speech star
 it is heard, from the audio the page receives, by media timestamp.
 
 The server runs in this process: when the agent's first audio is pushed, the driving audio's
-production front is noted (``front_out``, as an output sample): the speech must start there,
-not queued behind anything (a suspected defect started such speech 2-4.7 s late). The page's
+production front is noted (``front_out``, as an output sample): the speech must start there
+or before it (a reply ahead of real time starts early, in idle audio not yet played), not queued
+behind anything (a suspected defect started such speech 2-4.7 s late). The page's
 audio track starts at media sample 0, so a received block's place is its pts offset.
 
 Prints RESULT with: ``start_media_delay_s`` (first loud block at the page minus the front, media
