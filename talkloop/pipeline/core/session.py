@@ -186,13 +186,24 @@ class Session:
             return self.audio_epoch
 
     def rewind_points(self) -> list[int]:
-        """The frames a :meth:`rewind` can go back to: the starts of the chunks made recently
-        and of the next one, oldest first."""
+        """The frames a :meth:`rewind` can start new audio at, oldest first: the starts of the
+        chunks made in the last ``REWIND_S`` (made again), of the next chunk, and of the later
+        ones whose audio has arrived (not made yet: only their audio is replaced)."""
         with self._cond:
-            if self._pending_rewind is not None:
-                return []
-            points = [s.frames_published for s in self._snapshots]
-            return [*points, self.state.frames_published]
+            return self._rewind_points_locked()
+
+    def _rewind_points_locked(self) -> list[int]:
+        if self._pending_rewind is not None:
+            return []
+        points = [s.frames_published for s in self._snapshots]
+        timeline, k = self.pipeline.timeline, self.state.next_n
+        while (n := timeline.n_chunk(k)) is not None and (
+            self._frame_sample(n.start) < self.state.audio.received
+        ):
+            if n.start not in points:
+                points.append(n.start)
+            k += 1
+        return points or [self.state.frames_published]
 
     def rewind(self, frame: int, audio: np.ndarray) -> int:
         """Make the chunks from ``frame`` (one of :meth:`rewind_points`) again, on new audio.
@@ -207,9 +218,7 @@ class Session:
             The new audio epoch (chunks begun from here on carry it).
         """
         with self._cond:
-            if frame not in [s.frames_published for s in self._snapshots] + [
-                self.state.frames_published
-            ]:
+            if frame not in self._rewind_points_locked():
                 raise ValueError(f"frame {frame} is not a rewind point of this session")
             self._pending_rewind = (frame, self._frame_sample(frame), audio.astype(np.float32))
             self.audio_epoch += 1
@@ -233,8 +242,9 @@ class Session:
         if snap is not None and snap.frames_published == frame:
             self.state.next_n, self.state.frames_published = snap.next_n, snap.frames_published
             self.state.fields, self.state.prompt = snap.fields, snap.prompt
-        elif self.state.frames_published != frame:  # rewind() checked it was a point
+        elif frame < self.state.frames_published:  # rewind() checked it was a point
             raise RuntimeError(f"rewind point {frame} was lost")
+        # (a point at or after the next chunk: nothing was made from its audio yet)
         buf = self.state.audio
         lo, hi = max(start, buf.offset), min(start + audio.shape[0], buf.received)
         if hi > lo:
