@@ -15,6 +15,9 @@ a chunk. Each turn the engine
    renderers run side by side on ``publish_workers`` threads);
 3. waits for audio when no session is ready.
 
+It runs these turns on one worker thread per core, each taking sessions no other worker is
+running: sessions whose chunks come due together share one batch, the others run side by side.
+
 So the event loop of a server carries no generation work. While the machine keeps up, nothing is
 skipped and the order is earliest deadline first. Under overload (more calls than it can generate
 in real time) deadlines alone would starve some calls: a session that skipped a chunk jumps ahead
@@ -55,12 +58,15 @@ class Stream:
 
 
 class Engine:
-    """Runs the chunks of every added session on one thread (see the module docstring).
+    """Runs the chunks of every added session on its worker threads (the module docstring).
 
     Args:
         max_batch: sessions whose chunks run as one batch at most.
         publish_workers: threads that finish the chunks of a batch side by side (the renderers
             release the GIL); None: the number of cores.
+        workers: threads that run turns, each on the sessions the others are not running; None:
+            the number of cores (a family that computes on one thread, as portrait does, would
+            otherwise leave the other cores idle between renders).
         step: runs one batch of sessions' chunks (tests replace it to time the policy alone).
     """
 
@@ -68,6 +74,7 @@ class Engine:
         self,
         max_batch: int = 8,
         publish_workers: int | None = None,
+        workers: int | None = None,
         name: str = "engine",
         step: Callable[[list[Session], Executor], list[int | BaseException]] = step_sessions,
     ) -> None:
@@ -80,7 +87,8 @@ class Engine:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-publish")
         self._cond = threading.Condition()
         self._streams: list[Stream] = []
-        self._thread: threading.Thread | None = None
+        self.workers = workers or len(os.sched_getaffinity(0))
+        self._threads: list[threading.Thread] = []
         self.batches = 0  # turns that ran more than one session's chunk in one batch
         self.turns = 0
 
@@ -100,9 +108,13 @@ class Engine:
             # A newcomer starts level with the least deprived: no head start over the others.
             stream.deficit = min((s.deficit for s in self._streams), default=0)
             self._streams.append(stream)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
-                self._thread.start()
+            self._threads = [th for th in self._threads if th.is_alive()]
+            while len(self._threads) < min(self.workers, len(self._streams)):
+                th = threading.Thread(
+                    target=self._loop, name=f"{self.name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(th)
+                th.start()
             self._cond.notify_all()
         return stream
 
@@ -131,7 +143,7 @@ class Engine:
     def run_once(self) -> bool:
         """One turn (see the module docstring). Returns False when nothing was ready."""
         with self._cond:
-            live = [s for s in self._streams if not s.ended]
+            live = [s for s in self._streams if not s.ended and not s.running]
         for stream in live:
             s = stream.session
             if s.lag_seconds() > stream.max_lag_s() and s.skip_chunk():
@@ -148,8 +160,10 @@ class Engine:
         batch = [first] + [
             st for *_, st in ready[1:] if st.session.pipeline is first.session.pipeline
         ][: self.max_batch - 1]
-        with self._cond:
-            batch = [st for st in batch if not st.ended]
+        with self._cond:  # another worker may have taken some of them meanwhile
+            batch = [st for st in batch if not st.ended and not st.running]
+            if not batch:
+                return True
             for st in batch:
                 st.running = True
         try:
@@ -183,7 +197,6 @@ class Engine:
         while True:
             with self._cond:
                 if not self._streams:
-                    self._thread = None
                     return
             try:
                 worked = self.run_once()
