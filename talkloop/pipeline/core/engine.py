@@ -65,7 +65,7 @@ class Engine:
         publish_workers: threads that finish the chunks of a batch side by side (the renderers
             release the GIL); None: the number of cores.
         workers: threads that run turns, each on the sessions the others are not running; None:
-            the number of cores (a family that computes on one thread, as portrait does, would
+            the number of cores (a family that computes on one thread per process would
             otherwise leave the other cores idle between renders).
         step: runs one batch of sessions' chunks (tests replace it to time the policy alone).
     """
