@@ -40,3 +40,25 @@ def test_audio_no_longer_held_falls_back_to_the_model_audio() -> None:
     assert inner.first_samples == [4800] and out.shape[0] == 4800
     ideal = tone(4800, 48000, hz=440, amp=0.5)  # the same tone at 48 kHz
     assert np.abs(out[200:-200] - ideal[200:-200]).max() < 0.01
+
+
+def test_chunks_made_again_pass_only_their_new_frames() -> None:
+    """A live session that started a reply early makes frames again from an earlier one: the
+    inner sink (a file, a KVS stream) keeps what it has and gets only the frames after them."""
+    full = np.arange(48000 * 2, dtype=np.float32)
+    inner = CollectSink()
+    sink = FullBandSink(inner, 48000, lambda s, n: full[s : s + n])
+    sink.open(StreamInfo(64, 64, 25, 16000))
+
+    def chunk(first: int, count: int) -> tuple[VideoChunk, AudioChunk]:
+        frames = np.full((count, 64, 64, 3), first, np.uint8)
+        return VideoChunk(frames, first), AudioChunk(np.zeros(640 * count, np.float32), 640 * first)
+
+    sink.write(*chunk(0, 5))
+    sink.write(*chunk(5, 5))  # frames 0-9 passed
+    sink.write(*chunk(5, 3))  # made again from frame 5: all already passed
+    sink.write(*chunk(8, 5))  # 8-12 again: only 10-12 are new
+    assert inner.first_indices == [0, 5, 10]
+    assert [f.shape[0] for f in inner.frames] == [5, 5, 3]
+    assert inner.first_samples == [0, 5 * 1920, 10 * 1920]  # output samples, 48 kHz
+    np.testing.assert_array_equal(inner.all_audio(), full[: 13 * 1920])  # tiled, no overlap
