@@ -54,6 +54,17 @@ async def agent(url: str, token: str, speech: np.ndarray, rate: int, log: dict) 
         receiver.cancel()
 
 
+def loud_runs(times: np.ndarray, gap: float = 0.3) -> list[list[float]]:
+    """[first, last] of each run of loud blocks (media seconds), runs closer than ``gap`` merged."""
+    runs: list[list[float]] = []
+    for t in times.tolist():
+        if runs and t - runs[-1][1] < gap:
+            runs[-1][1] = t
+        else:
+            runs.append([t, t])
+    return runs
+
+
 def rx_offsets_ms(page: dict, t0: float, t1: float) -> list[float]:
     """Receiver-side A/V offset per video frame arriving in [t0, t1] (tests/rtc/scenarios/call.py):
     both tracks leave at start + pts; each track's arrival minus media time, video minus audio."""
@@ -75,6 +86,12 @@ async def main() -> None:
     ap.add_argument("--rate", type=int, default=16000, help="the agent's speech rate")
     ap.add_argument("--speech-s", type=float, default=3.0)
     ap.add_argument("--warm-s", type=float, default=3.0, help="call time before the agent speaks")
+    ap.add_argument(
+        "--mic-turns",
+        action="store_true",
+        help="the page speaks too: 1.5 s of speech at the start, silence while the agent speaks, "
+        "2 s more after it",
+    )
     args = ap.parse_args()
     pipeline = tiny_live_pipeline(128)
     server, url = await start_server(pipeline)
@@ -97,8 +114,13 @@ async def main() -> None:
     page: dict = {}
     ag: dict = {}
     hangup = asyncio.Event()
-    silence = np.zeros(16000 * 60, np.float32)  # the page's microphone
-    t_page = asyncio.ensure_future(page_call(url, hangup, silence, page))
+    mic = np.zeros(16000 * 60, np.float32)  # the page's microphone
+    if args.mic_turns:  # the page's turns: before the agent's, and after it
+        voice = load_audio(HELLO_WAV, 16000)
+        again = int(16000 * (args.warm_s + args.speech_s + 2.5))
+        mic[: 16000 * 3 // 2] = voice[: 16000 * 3 // 2]
+        mic[again : again + 32000] = voice[16000 * 2 : 16000 * 4]
+    t_page = asyncio.ensure_future(page_call(url, hangup, mic, page))
     deadline = time.monotonic() + 60
     while not page.get("video"):
         if time.monotonic() > deadline or t_page.done():
@@ -106,7 +128,7 @@ async def main() -> None:
         await asyncio.sleep(0.05)
     await asyncio.sleep(args.warm_s)
     await agent(url, page["session"]["token"], speech, args.rate, ag)
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(4.5 if args.mic_turns else 1.5)
     hangup.set()
     await asyncio.wait_for(t_page, 30)
     await server.stop()
@@ -125,12 +147,15 @@ async def main() -> None:
     rx = rx_offsets_ms(page, first_loud, last_loud) if loud else []
     at = np.array(page["audio_pts"]) - page["audio_pts"][0]
     loud_at = at[np.array(page["audio_rms"]) > LOUD_RMS]
+    # The agent's first loud block: the first at most half a second before the front (an early
+    # start), after the page's own first turn (--mic-turns) ended long before.
     rate = page["audio_rate"]
+    agent_at = loud_at[loud_at >= fronts[0] - rate // 2] if fronts else loud_at
     emit(
         {
             "front_out": fronts[0] if fronts else None,
             "start_media_delay_s": (
-                float(loud_at[0] - fronts[0]) / rate if fronts and loud_at.size else None
+                float(agent_at[0] - fronts[0]) / rate if fronts and agent_at.size else None
             ),
             "audible_media_s": (
                 float(loud_at[-1] + rate // 50 - loud_at[0]) / rate if loud_at.size else None
@@ -146,6 +171,8 @@ async def main() -> None:
             "rx_av_offset_ms_p90_abs": float(np.percentile(np.abs(rx), 90)) if rx else None,
             "agent_msgs": [[round(t - sent, 3), m] for t, m in ag["msgs"]],
             "frames": [len(page["video"]), len(page["audio"])],
+            # stretches of loud output, media seconds from the front (gaps under 0.3 s merged)
+            "loud_runs": loud_runs((loud_at - fronts[0]) / rate) if fronts else [],
         }
     )
 
