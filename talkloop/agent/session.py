@@ -291,10 +291,7 @@ class AvatarSession:
         cut = self._audio_next
         events = self.driver.interrupt(cut)
         if events:
-            self._epoch = self.session.silence_unconsumed_audio(from_sample=cut)
-            self._cuts[self._epoch] = cut
-            for old in [e for e in self._cuts if e <= self._epoch - MAX_CUTS]:
-                del self._cuts[old]
+            self._new_epoch(self.session.silence_unconsumed_audio(from_sample=cut), cut)
         self._dispatch(events)
         return [e for e in events if isinstance(e, PlaybackFinished)]
 
@@ -509,6 +506,14 @@ class AvatarSession:
                 except Exception:  # a broken listener must not break playback
                     log.exception("%s: playback listener failed", self.name)
 
+    def _new_epoch(self, epoch: int, cut: int) -> None:
+        """Frames of older epochs from sample ``cut`` on are withheld (an interrupt's or an early
+        reply's); the last ``MAX_CUTS`` cuts are kept, so a long session keeps a bounded map."""
+        self._epoch = epoch
+        self._cuts[epoch] = cut
+        for old in [e for e in self._cuts if e <= epoch - MAX_CUTS]:
+            del self._cuts[old]
+
     def _withheld(self, live: LiveFrame) -> bool:
         """True when ``live`` was made from audio that an interrupt dropped before it played."""
         if live.epoch >= self._epoch:
@@ -602,8 +607,7 @@ class AvatarSession:
             frame, start = enough[0]
             model = resample(self.driver.rewrite(start), self.sample_rate, rate)
             model = np.pad(model, (0, max(0, produced - start - model.shape[0])))
-            self._epoch = self.session.rewind(frame, model[: produced - start])
-            self._cuts[self._epoch] = start
+            self._new_epoch(self.session.rewind(frame, model[: produced - start]), start)
             self.early_replies += 1
             self.driver.hold, self._held_since = False, None
         elif timed_out or not points:

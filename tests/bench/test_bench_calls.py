@@ -43,6 +43,19 @@ def test_slots_auto_takes_the_measured_figure_and_says_how_to_get_one(
     assert auto_slots("portrait") == 3 and measured_capacity("studio") is None
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [(["--calls", "0"], "--calls"), (["--calls", "2", "--seconds", "5"], "--seconds")],
+)
+def test_bad_calls_flags_are_refused_before_anything_runs(
+    tmp_path: Path, capsys, flags, words
+) -> None:
+    out = tmp_path / "calls"
+    assert main(["bench", *flags, "--out", str(out)]) == 2
+    assert words in capsys.readouterr().err and not out.exists()
+
+
 @pytest.mark.e2e
 def test_bench_calls_measures_real_calls_and_caches_the_figure(
     tmp_path: Path, monkeypatch, capsys
@@ -53,7 +66,7 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     result = json.loads((out / "calls.json").read_text())
     (level,) = result["levels"]
     (call,) = level["per_call"]
-    assert call["frames_sent"] >= 200 and call["arrival_fps"] > 20  # a real call ran its 12 s
+    assert call["frames_sent"] >= 200 and not call["errors"]  # a real call ran its 12 s
     assert result["calls"] == (1 if level["passed"] else 0)
     assert measured_capacity("portrait") == result["calls"]
     assert "calls per node:" in capsys.readouterr().out

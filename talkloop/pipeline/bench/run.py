@@ -186,6 +186,8 @@ def cmd_bench_calls(args: argparse.Namespace, config: TalkloopConfig) -> int:
     """``talkloop bench --calls N``: the calls per node of the family (bench/calls.py)."""
     if args.calls < 1:
         raise ConfigError(f"--calls must be at least 1, got {args.calls}")
+    if args.seconds < 10:  # shorter calls are mostly their connection set-up
+        raise ConfigError(f"--seconds must be at least 10 with --calls, got {args.seconds:g}")
     netns = can_use_netns()
     spec = {
         "max_calls": args.calls,
