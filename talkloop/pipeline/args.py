@@ -112,7 +112,7 @@ def config_from_args(args: argparse.Namespace) -> TalkloopConfig:
     """The root config of the shared video and model arguments (and ``--preview``)."""
     family = getattr(args, "family", DEFAULT_FAMILY)
     width, height = getattr(args, "size", None) or get_spec(family).native_sizes[0]
-    sampler: dict[str, object] = {}
+    sampler: dict[str, object] = dict(get_spec(family).sampler)
     output: dict[str, object] = {}
     steps = getattr(args, "steps", None)
     if getattr(args, "preview", False):

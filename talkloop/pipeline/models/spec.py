@@ -64,7 +64,10 @@ class FamilySpec:
         state_fields: what its own stages keep between chunks, beyond the fields every family's
             chunk stages share (``talkloop.pipeline.core.state.SHARED_FIELDS``).
         live_schedule: chunk schedule overrides of live calls (``ScheduleConfig`` fields).
-        live_sampler: sampler overrides of live calls (``SamplerConfig`` fields).
+        sampler: sampler settings of every render and call of the family (``SamplerConfig``
+            fields), under what the command line sets.
+        live_sampler: sampler overrides of live calls (``SamplerConfig`` fields), over
+            ``sampler``.
         weights: the folder its shipped weights are in (absent in a stripped install: the
             family's ``installed_weights()`` says whether they are there).
         backends: what can run its hot networks (``--backend``): torch, and the graph
@@ -84,7 +87,8 @@ class FamilySpec:
     block_modules: tuple[str, ...] = ()
     state_fields: tuple[StateField, ...] = ()
     live_schedule: Mapping[str, int] = field(default_factory=dict)
-    live_sampler: Mapping[str, int] = field(default_factory=dict)
+    sampler: Mapping[str, float] = field(default_factory=dict)
+    live_sampler: Mapping[str, float] = field(default_factory=dict)
     weights: Path | None = None
     backends: tuple[str, ...] = ("torch",)
     cli_args: str | None = None

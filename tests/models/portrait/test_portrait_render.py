@@ -23,7 +23,7 @@ from talkloop.pipeline.models.portrait.framing import Portrait, frame_portrait
 from talkloop.pipeline.models.portrait.mesh import STEP, exact_inverse, inverse_offsets
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.render import PortraitRenderer
-from talkloop.pipeline.models.portrait.rig import JAW_GAP, OPEN_GAP
+from talkloop.pipeline.models.portrait.rig import OPEN_FROM, lip_share, opening
 
 pytestmark = pytest.mark.unit
 
@@ -179,6 +179,15 @@ def test_rest_closes_the_lips_on_a_photo_that_shows_teeth(collins):
 OPENINGS = np.array([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], np.float32)
 
 
+def test_the_lips_share_of_the_opening_rises_from_shut_to_full():
+    x = np.linspace(0.0, 1.0, 201)
+    share = lip_share(x)
+    assert np.all(share[x <= OPEN_FROM] == 0.0) and share[-1] == pytest.approx(1.0)
+    assert np.all(np.diff(share[x >= OPEN_FROM]) > 0)  # monotonic where the lips part
+    # Small openings show more than a linear share would, the widest vowel no more than all.
+    assert lip_share(0.3) > 0.4 and np.all(share <= 1.0 + 1e-12)
+
+
 @pytest.mark.parametrize("who", ["collins", "hopper"])
 def test_the_opening_grows_monotonically_with_its_parameter(who, request):
     p, r = request.getfixturevalue(who)
@@ -200,7 +209,7 @@ def test_the_same_parameters_open_the_same_share_of_the_face_height(who, request
     d = r.rig.displacements(params)[:, : len(p.landmarks) - 10]  # (T, 468, 2)
     moved = p.landmarks[None, :468, :2] + d
     gaps = np.array([_gap(m) for m in moved]) / r.rig.scale
-    want = OPEN_GAP * OPENINGS + JAW_GAP * 0.8 * OPENINGS
+    want = opening(params)
     photo = _gap(p.landmarks) / r.rig.scale
     if r.expression.closes:
         assert gaps[0] < 0.002

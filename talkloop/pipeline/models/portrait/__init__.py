@@ -25,6 +25,9 @@ SPEC = FamilySpec(
     # Live calls: 3-frame chunks (120 ms) without I chunks; the sampler keeps its offline steps
     # (docs/benchmarks.md, "Why the live schedules are what they are").
     live_schedule={"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2},
+    # Guidance on the audio: bilabials close (docs/benchmarks.md, "Figures behind code
+    # choices"); the guided pass shares the batch of the plain one.
+    sampler={"audio_guidance": 2.0},
     live_sampler={},
     weights=Path(__file__).parent / "weights",
     cli_args="talkloop.pipeline.models.portrait.cli:add_args",

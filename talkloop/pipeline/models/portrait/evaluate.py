@@ -55,11 +55,11 @@ from talkloop.pipeline.synth.dataset import Clip, make_clip
 from talkloop.pipeline.synth.style import DESCRIBED_ABOVE, DESCRIBED_BELOW, field_phrases
 from talkloop.pipeline.train.metrics import envelope, lag_correlations, lipsync, pearson, seam_ratio
 
-# The family's live schedule and sampler, as `talkloop serve` applies them.
+# The family's schedules and samplers, as `talkloop render` and `talkloop serve` apply them.
 LIVE_SCHEDULE = ScheduleConfig(**family.LIVE_SCHEDULE)
-LIVE_SAMPLER = SamplerConfig(**family.LIVE_SAMPLER)
+LIVE_SAMPLER = SamplerConfig(**{**family.SPEC.sampler, **family.LIVE_SAMPLER})
 OFFLINE_SCHEDULE = ScheduleConfig()
-OFFLINE_SAMPLER = SamplerConfig()
+OFFLINE_SAMPLER = SamplerConfig(**family.SPEC.sampler)
 FIELD = {name: i for i, name in enumerate(FRAME_FIELDS)}
 # Style field -> (what is measured, generated series -> one number per generation).
 STYLE_MEASURES = {
