@@ -22,11 +22,12 @@ SPEC = FamilySpec(
     state_fields=(
         StateField("renderer", "the photo's renderer: the image, its mesh, warp weights"),
     ),
-    # Live calls: 3-frame chunks (120 ms) without I chunks; the sampler keeps its offline steps
-    # (docs/benchmarks.md, "Why the live schedules are what they are").
-    live_schedule={"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2},
-    # Guidance on the audio: bilabials close (docs/benchmarks.md, "Figures behind code
-    # choices"); the guided pass shares the batch of the plain one.
+    # Live calls: 2-frame chunks (80 ms, a 240 ms playout delay) without I chunks; the sampler
+    # keeps its offline steps (docs/benchmarks.md, "Why the live schedules are what they are").
+    live_schedule={"first_len": 2, "n_len": 2, "i_len": 0, "ctx_len": 2},
+    # Guidance on the audio: p/b/m close and live lip sync holds with 2-frame chunks
+    # (docs/benchmarks.md, "Why the live schedules are what they are" and the pixel-level
+    # entry of 2026-12-02 05:00); the guided pass shares the batch of the plain one.
     sampler={"audio_guidance": 2.0},
     live_sampler={},
     weights=Path(__file__).parent / "weights",
