@@ -28,9 +28,12 @@ the silence that replaced it arrive (at most the playout delay).
 Full-band audio: the output runs at ``OUTPUT_RATE`` (48 kHz) whatever the sources' rates, so a
 24 kHz agent voice or espeak's 22 kHz keeps its whole band (the model only needs 16 kHz: it reads
 the same blocks resampled once more). Each source is resampled once to 48 kHz; 48 kHz sources (the
-browser's Opus microphone) pass through untouched. Every ``pts`` this class emits counts samples at
-``sample_rate`` (48 kHz), for audio and video alike. Mirrors (a KVS copy) get the same full-band
-audio (``talkloop/pipeline/outputs/fullband.py``).
+browser's Opus microphone) pass through untouched. A call's decoded microphone frames
+(``add_microphone_frame``) are converted off the event loop: the loop only queues them, a worker
+thread turns them into float mono, and each driver tick takes every frame that arrived before it
+(``FrameConverter``, ``talkloop/pipeline/audio/resample.py``). Every ``pts`` this class emits
+counts samples at ``sample_rate`` (48 kHz), for audio and video alike. Mirrors (a KVS copy) get
+the same full-band audio (``talkloop/pipeline/outputs/fullband.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from talkloop.agent.clock import Clock, Lateness, MediaClock, RealClock, av_offs
 from talkloop.agent.driver import AudioDriver
 from talkloop.agent.frames import AudioFrame, PlaybackEvent, PlaybackFinished, VideoFrame
 from talkloop.agent.tts import EspeakTTS
-from talkloop.pipeline.audio.resample import StreamResampler, resample
+from talkloop.pipeline.audio.resample import FrameConverter, StreamResampler, resample
 from talkloop.pipeline.backends.report import describe
 from talkloop.pipeline.core.clock import frame_start_sample
 from talkloop.pipeline.core.engine import Engine, Stream, default_engine
@@ -184,6 +187,8 @@ class AvatarSession:
             out_rate=OUTPUT_RATE,
         )
         self._mic = StreamResampler(OUTPUT_RATE)
+        # Decoded microphone frames, converted on a worker thread; the tick takes them.
+        self._mic_frames = FrameConverter(OUTPUT_RATE, name=f"{name}-mic")
         self.listeners: list[Callable[[PlaybackEvent], None]] = []
         # Called once, on the event loop, if generation fails (the session is then dead: its
         # video would hold the last frame forever). Not called for a close.
@@ -226,6 +231,7 @@ class AvatarSession:
     async def close(self) -> None:
         """Stop everything and release what the session held. Idempotent."""
         self.closed = True
+        self._mic_frames.close()
         for task in [*self._tasks, *self._say_tasks]:
             task.cancel()
         for task in [*self._tasks, *self._say_tasks]:
@@ -349,6 +355,20 @@ class AvatarSession:
         mono = self._mic.push(samples, sample_rate)
         if mono.size:
             self.driver.add_mic(mono, arrived_at)
+
+    def add_microphone_frame(self, frame: object, arrived_at: float | None = None) -> None:
+        """A decoded microphone frame (a PyAV ``AudioFrame``: any format, layout and rate), as it
+        arrived. Only queued here: a worker thread converts it (channels averaged, resampled to
+        ``sample_rate``) and the next driver tick takes it with ``arrived_at`` (default: now), so
+        the driving audio and its arrival times are those ``add_microphone`` would give."""
+        at = self.clock.now() if arrived_at is None else arrived_at
+        self._mic_frames.put(frame, at)  # type: ignore[arg-type]
+
+    def _take_microphone(self) -> None:
+        """Hand the microphone frames that arrived since the last tick to the driver."""
+        for samples, at in self._mic_frames.take():
+            if samples.size:
+                self.add_microphone(samples, at)
 
     def set_prompt(self, text: str) -> None:
         """New style prompt, from the next chunk on."""
@@ -555,6 +575,7 @@ class AvatarSession:
         start = self.clock.now()
         k = 0
         while self.error is None:  # a failed generation loop takes no more driving audio
+            self._take_microphone()
             self._start_reply_early()
             self.driver.produce_due(self.clock.now())
             k += 1

@@ -1,6 +1,7 @@
 """Call: one browser call over WebRTC: its peer, its avatar (an AvatarSession) and its mirrors.
 
-    microphone (aiortc, 48 kHz Opus) -> mono, full band   -> AvatarSession.add_microphone
+    microphone (aiortc, 48 kHz Opus) -> AvatarSession.add_microphone_frame (queued; made mono,
+                                        full band, on a worker thread, off the loop)
     "say" text / agent speech                            -> AvatarSession (segments)
     AvatarSession.next_video() -> AvatarVideoTrack ;  AvatarSession.next_audio() -> AvatarAudioTrack
 
@@ -22,7 +23,6 @@ import numpy as np
 from pydantic import Field
 
 from talkloop.agent.session import AvatarConfig, AvatarSession
-from talkloop.pipeline.audio.resample import StreamResampler
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.core.session import Session
 from talkloop.pipeline.outputs.sink import Sink
@@ -121,17 +121,14 @@ class Call:
 
     async def _read_microphone(self, track: Any) -> None:
         # Opus decodes at 48 kHz, the avatar's output rate: the microphone passes through at
-        # full band (channels averaged); the driver resamples it for the model.
-        resampler = StreamResampler(self.avatar.sample_rate)
+        # full band (channels averaged, on the avatar's converter thread: the loop only queues
+        # the frame); the driver resamples it for the model.
         while not self.avatar.closed:
             try:
                 frame = await track.recv()
             except Exception:  # MediaStreamError: the browser stopped sending
                 return
-            arrived = time.monotonic()
-            samples = resampler.push_frame(frame)
-            if samples.size:
-                self.avatar.add_microphone(samples, arrived)
+            self.avatar.add_microphone_frame(frame, time.monotonic())
 
     def _stamp(self, rgb: np.ndarray, frame: int) -> np.ndarray:
         """Paint the wall-clock ms at which the audio of ``frame`` arrived (latency tests)."""

@@ -5,14 +5,21 @@ filter's state between pushes, so a stream cut into packets resamples without se
 follows the input when its rate (or, for decoded frames, its sample format or channel layout)
 changes mid-stream: what the old setup still holds is flushed out first, then a new one starts
 (swresample refuses frames whose format changes under it).
+
+``FrameConverter`` runs one ``StreamResampler`` on decoded frames off the thread that receives
+them (a call's event loop): that thread only queues each frame; a worker thread converts it.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+from typing import Any
+
 import av
 import numpy as np
 
-__all__ = ["StreamResampler", "resample"]
+__all__ = ["FrameConverter", "StreamResampler", "resample"]
 
 _EMPTY = np.zeros(0, np.float32)
 
@@ -78,6 +85,95 @@ class StreamResampler:
         tail = self.flush()
         self._setup, self.from_rate = setup, setup[2]
         return tail
+
+
+class FrameConverter:
+    """Decoded frames in (cheap: queued), float32 mono at ``rate`` out, converted on a worker
+    thread in the order they were put.
+
+    ``put`` never converts. ``take`` returns every frame put before it, converted, each with its
+    tag; a frame the worker has not reached yet is converted by ``take``'s caller, so nothing put
+    is ever late for a ``take``, and the samples are exactly those one ``StreamResampler`` gives
+    for the same frames pushed one by one (it is one, used one frame at a time, in order).
+
+    Args:
+        rate: the output rate in Hz.
+        name: the worker thread's name.
+        max_held: converted frames kept for ``take`` at most; older ones are dropped (a caller
+            that stopped taking cannot make them pile up).
+    """
+
+    def __init__(self, rate: int, name: str = "convert", max_held: int = 250) -> None:
+        self.resampler = StreamResampler(rate)
+        self.name = name
+        self.max_held = max_held
+        self.dropped = 0  # converted frames dropped by max_held
+        self._todo: deque[tuple[av.AudioFrame, Any]] = deque()
+        self._done: deque[tuple[np.ndarray, Any]] = deque()
+        self._cond = threading.Condition()  # guards the two queues (held briefly)
+        self._convert = threading.Lock()  # the resampler: one frame at a time, in order
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def put(self, frame: av.AudioFrame, tag: Any = None) -> None:
+        """Queue ``frame`` (with ``tag``, e.g. its arrival time) for conversion."""
+        with self._cond:
+            if self._closed:
+                return
+            self._todo.append((frame, tag))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def take(self) -> list[tuple[np.ndarray, Any]]:
+        """Every frame put so far and not taken yet, converted: ``(samples, tag)`` in order."""
+        with self._convert:  # waits for the frame the worker is converting, if any
+            while self._convert_next():
+                pass
+            with self._cond:
+                out = list(self._done)
+                self._done.clear()
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Frames put and not yet converted."""
+        with self._cond:
+            return len(self._todo)
+
+    def close(self) -> None:
+        """Stop the worker; frames not taken are dropped."""
+        with self._cond:
+            self._closed = True
+            self._todo.clear()
+            self._done.clear()
+            self._cond.notify_all()
+
+    def _convert_next(self) -> bool:
+        """(``_convert`` held) Convert the oldest queued frame; False when there is none."""
+        with self._cond:
+            if not self._todo:
+                return False
+            frame, tag = self._todo.popleft()
+        samples = self.resampler.push_frame(frame)
+        with self._cond:
+            if not self._closed:
+                self._done.append((samples, tag))
+                while len(self._done) > self.max_held:
+                    self._done.popleft()
+                    self.dropped += 1
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._todo and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            with self._convert:
+                self._convert_next()
 
 
 def _mono(frames: list[av.AudioFrame]) -> np.ndarray:
