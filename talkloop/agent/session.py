@@ -82,12 +82,14 @@ def default_playout_s(pipeline: Pipeline) -> float:
 
     A chunk can start once the audio of its last frame plus the look-ahead has arrived (one chunk
     of audio after its first frame's); generating it may take up to one chunk's duration if
-    generation is to keep up at all; two driving blocks cover the hand-offs. So: two chunks plus
-    the look-ahead plus 40 ms (live schedule, 5 frames at 25 fps: 480 ms).
+    generation is to keep up at all; one driving block covers the hand-off (audio is taken in
+    20 ms blocks). So: two chunks plus the look-ahead plus 20 ms (portrait's 2-frame live chunks
+    at 25 fps: 220 ms; studio's 5-frame ones: 460 ms). Two blocks (until 2026-12-02) added 20 ms
+    and no frame on time (docs/benchmarks.md).
     """
     info = pipeline.info
     chunk = pipeline.config.schedule.n_len / info.fps
-    return 2 * chunk + pipeline.lookahead_samples / info.sample_rate + 2 * BLOCK_S
+    return 2 * chunk + pipeline.lookahead_samples / info.sample_rate + BLOCK_S
 
 
 class AvatarConfig(BaseModel):
@@ -591,8 +593,9 @@ class AvatarSession:
         is idle and the reply has queued audio for all of them plus the look-ahead. The reply
         waits for that much audio up to ``REPLY_HOLD_S``, then takes the earliest start its audio
         fills, or starts as it would have. (Sent at ``v`` times real time, a reply that waits
-        ``x`` for audio and starts ``d`` ahead needs ``v x >= playout - d + lookahead``: at 2x and a
-        320 ms playout delay it starts about 220 ms after it arrived at best, at 10x about 100.)
+        ``x`` for audio and starts ``d`` ahead needs ``v x >= playout - d + lookahead``: at 2x, a
+        220 ms playout delay and an 80 ms lead it starts about 170 ms after it arrived at best,
+        at 10x about 110.)
         """
         seg = self.driver.unstarted_speech()
         if seg is None:

@@ -267,7 +267,9 @@ def test_default_playout_delay_is_two_chunks_plus_the_lookahead(live_pipeline) -
     avatar = AvatarSession(live_pipeline, make_reference(), clock=ManualClock())
     info = live_pipeline.info
     chunk = live_pipeline.config.schedule.n_len / info.fps
-    expected = 2 * chunk + live_pipeline.lookahead_samples / info.sample_rate + 0.04
+    expected = (
+        2 * chunk + live_pipeline.lookahead_samples / info.sample_rate + 0.02
+    )  # one 20 ms driving block
     assert avatar.playout_s == pytest.approx(expected)
     assert avatar.stats()["playout_delay_ms"] == round(expected * 1000)
     given = AvatarSession(

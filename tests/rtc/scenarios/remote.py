@@ -39,11 +39,16 @@ def link_up(pid: int) -> None:
     sh("ip", "link", "add", "tl-srv", "type", "veth", "peer", "name", "tl-cli", "netns", str(pid))
     sh("ip", "addr", "add", f"{SERVER_ADDR}/24", "dev", "tl-srv")
     sh("sysctl", "-qw", "net.ipv4.conf.tl-srv.route_localnet=1")
+    # No IPv6 on the link: its link-local address, added a moment after the link comes up, is
+    # a network change to Chromium, which then fails the page load (ERR_NETWORK_CHANGED).
+    no_v6 = "sysctl -qw net.ipv6.conf.{}.disable_ipv6=1 2>/dev/null || true"
+    sh("sh", "-c", no_v6.format("tl-srv"))
     sh("ip", "link", "set", "tl-srv", "up")
     there = (
         "ip link set lo up && ip route del local 127.0.0.0/8 dev lo table local && "
         f"ip addr add {CLIENT_ADDR}/24 dev tl-cli && "
-        "sysctl -qw net.ipv4.conf.tl-cli.route_localnet=1 && ip link set tl-cli up"
+        f"sysctl -qw net.ipv4.conf.tl-cli.route_localnet=1 && ({no_v6.format('tl-cli')}) && "
+        "ip link set tl-cli up"
     )
     sh("nsenter", "-t", str(pid), "-n", "sh", "-c", there)
 
