@@ -83,9 +83,9 @@ def default_playout_s(pipeline: Pipeline) -> float:
     A chunk can start once the audio of its last frame plus the look-ahead has arrived (one chunk
     of audio after its first frame's); generating it may take up to one chunk's duration if
     generation is to keep up at all; one driving block covers the hand-off (audio is taken in
-    20 ms blocks). So: two chunks plus the look-ahead plus 20 ms (portrait's 2-frame live chunks
-    at 25 fps: 220 ms; studio's 5-frame ones: 460 ms). Two blocks (until 2026-12-02) added 20 ms
-    and no frame on time (docs/benchmarks.md).
+    20 ms blocks). So: two chunks plus the look-ahead plus 20 ms (2-frame chunks at 25 fps with
+    a 40 ms look-ahead: 220 ms). Two blocks (until 2026-12-02) added 20 ms and kept no frame
+    more on time (docs/benchmarks.md, live calls on the Zen 5, 2026-12-02).
     """
     info = pipeline.info
     chunk = pipeline.config.schedule.n_len / info.fps
