@@ -27,7 +27,7 @@ SPEC = FamilySpec(
     live_schedule={"first_len": 2, "n_len": 2, "i_len": 0, "ctx_len": 2},
     # Guidance on the audio: p/b/m close and live lip sync holds with 2-frame chunks
     # (docs/benchmarks.md, "Why the live schedules are what they are" and the pixel-level
-    # entry of 2026-12-02 05:00); the guided pass shares the batch of the plain one.
+    # entry of 2026-12-02 03:35); the guided pass shares the batch of the plain one.
     sampler={"audio_guidance": 2.0},
     live_sampler={},
     weights=Path(__file__).parent / "weights",

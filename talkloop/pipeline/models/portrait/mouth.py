@@ -40,6 +40,7 @@ AA_BITS = 3  # sub-pixel bits of the lip polygon
 # Teeth geometry in face heights of the neutral face, from the lips' seam at rest.
 UPPER_EDGE = 0.01  # the upper incisors' edge lies this far below the seam (behind the lower lip)
 LOWER_EDGE = -0.008  # the lower incisors' edge this far above it (below: behind the lower lip)
+TEETH_ARC = 0.012  # how far the upper teeth's edge rises from the middle to the corners
 UPPER_TEETH = 0.09  # visible height the upper teeth texture spans (more hides under the lip)
 LOWER_TEETH = 0.07
 TONGUE_REST = -0.012  # the tongue's top this far below the lower teeth's edge (jaw frame)
@@ -252,12 +253,14 @@ class MouthPainter:
         t = u / half
         a = np.clip(np.abs(t), 0, 1)
 
-        # Upper teeth: from their edge (UPPER_EDGE below the seam) upwards.
-        depth = seam_v + UPPER_EDGE * s - v  # pixels above the incisal edge
+        # Upper teeth: from their edge (UPPER_EDGE below the seam) upwards; the edges rise
+        # towards the corners along the arch (the smile line) and the side teeth, further back,
+        # lie in the cheeks' shadow.
+        depth = seam_v + (UPPER_EDGE - TEETH_ARC * a**2) * s - v  # pixels above the edge
         notch = 0.35 * np.exp(-((_seam_distance(t, SEAMS) / 0.02) ** 2))  # rounded tooth corners
-        alpha = np.clip(depth + 0.5 - notch, 0, 1) * np.clip((0.9 - a) * 8, 0, 1)
+        alpha = np.clip(depth + 0.5 - notch, 0, 1) * np.clip((0.86 - a) * 6, 0, 1)
         alpha *= np.clip(UPPER_TEETH * s - depth, 0, 1)
-        lum = (1 - 0.1 * np.exp(-((_seam_distance(t, SEAMS) / 0.009) ** 2))) * (1 - 0.35 * a**2)
+        lum = (1 - 0.1 * np.exp(-((_seam_distance(t, SEAMS) / 0.009) ** 2))) * (1 - 0.6 * a**2)
         lum *= 0.88 + 0.12 * np.clip(depth / 2.0, 0, 1)  # a translucent edge
         upper = np.dstack([self.teeth_rgb[None, None] * lum[..., None], alpha])
         if self.photo_teeth:
