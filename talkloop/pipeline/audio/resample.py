@@ -136,12 +136,6 @@ class FrameConverter:
                 self._done.clear()
         return out
 
-    @property
-    def pending(self) -> int:
-        """Frames put and not yet converted."""
-        with self._cond:
-            return len(self._todo)
-
     def close(self) -> None:
         """Stop the worker; frames not taken are dropped."""
         with self._cond:
