@@ -25,7 +25,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from talkloop.pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
 from talkloop.pipeline.bench.worker import looped_speech
-from talkloop.rtc.jitter import use_prompt_jitter_buffer
+from talkloop.rtc.jitter import prompt_track
 from talkloop.rtc.tracks import read_stamp
 
 if TYPE_CHECKING:
@@ -173,9 +173,7 @@ async def run_call(
     @pc.on("track")
     def on_track(track) -> None:
         # Frames leave the jitter buffer when complete, as in a browser (talkloop/rtc/jitter.py).
-        for t in pc.getTransceivers():
-            if t.receiver.track is track:
-                use_prompt_jitter_buffer(t.receiver)
+        prompt_track(pc, track)
         tasks.append(
             asyncio.ensure_future(read_video(track) if track.kind == "video" else read_audio(track))
         )

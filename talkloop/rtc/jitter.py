@@ -9,15 +9,18 @@ unit) and plays audio from an adaptive buffer that, on a clean link, holds a pac
 ``PromptJitterBuffer`` does the same: a video frame leaves at its marker packet; an audio packet
 (one Opus frame each, RFC 7587) leaves as soon as every packet before it has, a lost one is
 given up once ``depth`` packets have arrived behind it, and no more than ``depth`` wait (after
-losses the oldest go), so the audio's delay stays under ``depth`` packets. ``use_prompt_jitter_buffer`` puts one into
-an aiortc receiver (before its first packet).
+losses the oldest go), so the audio's delay stays under ``depth`` packets.
+``use_prompt_jitter_buffer`` puts one into an aiortc receiver (before its first packet),
+``prompt_track`` into the receiver of a peer connection's remote track.
 """
 
 from __future__ import annotations
 
 import logging
 
+from aiortc import RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 
 log = logging.getLogger("talkloop.rtc")
@@ -81,3 +84,11 @@ def use_prompt_jitter_buffer(receiver: RTCRtpReceiver) -> bool:
         return False
     setattr(receiver, _SLOT, PromptJitterBuffer(old.capacity, is_video=old._is_video))
     return True
+
+
+def prompt_track(pc: RTCPeerConnection, track: MediaStreamTrack) -> None:
+    """``use_prompt_jitter_buffer`` on the receiver of ``track`` (a remote track of ``pc``, from
+    its "track" event)."""
+    for t in pc.getTransceivers():
+        if t.receiver.track is track:
+            use_prompt_jitter_buffer(t.receiver)

@@ -13,7 +13,7 @@ from aiortc.rtcrtpsender import RTCRtpSender
 from aiortc.sdp import candidate_from_sdp
 
 from talkloop.rtc.encoder import use_avatar_encoder
-from talkloop.rtc.jitter import use_prompt_jitter_buffer
+from talkloop.rtc.jitter import prompt_track
 from talkloop.rtc.protocol import ProtocolError
 
 log = logging.getLogger("talkloop.peer")
@@ -69,9 +69,7 @@ class Peer:
             if track.kind == "audio":
                 # The microphone's packets go on as they come (aiortc holds four, 80 ms); the
                 # driver's backlog rules absorb jitter (talkloop/rtc/jitter.py).
-                for t in self.pc.getTransceivers():
-                    if t.receiver.track is track:
-                        use_prompt_jitter_buffer(t.receiver)
+                prompt_track(self.pc, track)
                 on_microphone(track)
             else:  # we never use the client's video; drain it so aiortc's queue stays empty
                 hole = MediaBlackhole()
