@@ -79,11 +79,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--backend",
         choices=["auto", "torch", "onnxruntime", "openvino"],
         default="auto",
-        help="what runs the hot networks of "
-        + ", ".join(n for n, f in specs().items() if len(f.backends) > 1)
-        + ": torch, or graphs exported from the same weights (cached in ~/.cache/talkloop) on "
-        "ONNX Runtime or OpenVINO, decoder in int8; auto: the fastest here, timed once and "
-        "cached. The other families run torch and ignore it",
+        help="what runs the family's hot networks: torch, or graphs exported from the same "
+        "weights (cached in ~/.cache/talkloop) on ONNX Runtime or OpenVINO; auto: the fastest "
+        "here, timed once and cached"
+        + "".join(
+            f". {n} runs torch and ignores it" for n, f in specs().items() if len(f.backends) == 1
+        ),
     )
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where networks run")
     g.add_argument(

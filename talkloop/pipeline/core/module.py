@@ -41,10 +41,6 @@ class Module(Generic[C]):
         # The dtype its matmuls compute in, set when the family's modules are loaded
         # (models.registry.finish_modules: the resolved ``model.dtype``, ``auto`` measured).
         self.compute_dtype: str | None = None
-        # Most samples one call of the net takes (None: any). A net compiled per input shape
-        # (an exported graph) takes one chunk at a time, so the live engine's batches do not
-        # compile a graph per batch size.
-        self.max_batch: int | None = None
 
     def __repr__(self) -> str:
         return f"Module({self.name!r}, {self.num_parameters() / 1e6:.2f}M params)"

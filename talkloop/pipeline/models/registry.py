@@ -31,12 +31,14 @@ import numpy as np
 import torch
 
 from talkloop.pipeline.backends.cache import weights_hash
-from talkloop.pipeline.backends.select import resolve_dtype, schedule_key
+from talkloop.pipeline.backends.export import RECIPE
+from talkloop.pipeline.backends.select import resolve_backend, resolve_dtype, schedule_key
 from talkloop.pipeline.core.config import ModelConfig, TalkloopConfig
 from talkloop.pipeline.core.errors import CheckpointError, ConfigError, WeightsMissingError
 from talkloop.pipeline.core.graph import Phase
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.shared.a2v_graph import attach_a2v_graph
 from talkloop.pipeline.models.sizes import warn_unless_native_size
 from talkloop.pipeline.models.spec import DEFAULT_FAMILY, FamilySpec, get_spec
 from talkloop.pipeline.offload.placement import apply_placement
@@ -169,6 +171,73 @@ def _dtype_probes(
         cfg = config.model_copy(update={"model": config.model.model_copy(update={"dtype": dtype})})
         probes[dtype] = SessionProbe(build_pipeline(cfg, mods), reference, audio)
     return probes
+
+
+# Part of the A2V backend choice's cache key: bump when what its probe times changes.
+A2V_GRAPH_PROBE = "a2v-graph-v1"
+
+
+def use_a2v_graph(
+    modules: dict[str, Module],
+    config: TalkloopConfig,
+    float32: dict[str, torch.Tensor] | None,
+    latent: tuple[int, int, int],
+) -> str:
+    """``model.backend`` for a family whose only exported network is its A2V: resolve it
+    (``auto``: torch against each graph runtime on the chunks of a session of ``config``, timed
+    once per machine and cached, as :func:`choose_dtype` times dtypes), then run the A2V as
+    exported graphs (:mod:`talkloop.pipeline.models.shared.a2v_graph`) unless torch won.
+
+    Args:
+        modules: the family's modules, finished (:func:`finish_modules`).
+        config: the root config.
+        float32: the A2V's float32 state dict from before a bf16 cast, which the graphs are
+            exported from (None: the net is float32).
+        latent: one frame's A2V latent (C, h, w) in this family's sessions (the graphs' fixed
+            dims; batch and frames are free).
+    Returns:
+        The backend the A2V now runs on.
+    """
+    m = config.model
+    if m.backend == "torch" or (
+        m.backend == "auto" and (m.device != "cpu" or m.placement.a2v != "resident")
+    ):
+        return "torch"
+    tag = m.family
+
+    def graph_modules(backend: str) -> dict[str, Module]:
+        mods = dict(modules)
+        a2v = copy.deepcopy(modules["a2v"])
+        if float32 is not None:
+            a2v.net.float().load_state_dict(float32)
+        attach_a2v_graph(a2v.net, backend, tag)
+        a2v.compute_dtype = "float32"
+        mods["a2v"] = a2v
+        return mods
+
+    def probes(candidates: tuple[str, ...]) -> dict[str, Callable[[], object]]:
+        reference = load_reference(config, None)
+        s = config.schedule
+        seconds = (s.first_len + 2 * s.n_len) / config.video.fps  # N0 and two N chunks
+        rng = np.random.default_rng(0)
+        audio = 0.1 * rng.standard_normal(int(seconds * config.audio.sample_rate))
+        out: dict[str, Callable[[], object]] = {}
+        for name in candidates:
+            mods = modules if name == "torch" else graph_modules(name)
+            out[name] = SessionProbe(build_pipeline(config, mods), reference, audio.astype("f4"))
+        return out
+
+    weights = weights_hash(modules["a2v"].net)
+    identity = f"{m.family}:{weights}:{schedule_key(config)}:{RECIPE}:{A2V_GRAPH_PROBE}"
+    backend = resolve_backend(m.backend, m.device, identity, probes)
+    if backend != "torch":
+        a2v = graph_modules(backend)["a2v"]
+        s = config.schedule
+        sm = config.sampler
+        steps = (sm.steps, sm.i_steps) if s.i_len else (sm.steps,)
+        a2v.net.forward.warm_up(s.ctx_len + s.n_len, latent, steps, sm.shift, sm.audio_guidance)
+        modules["a2v"] = a2v
+    return backend
 
 
 class SessionProbe:

@@ -51,10 +51,8 @@ class A2VStage(Stage):
                 ctx.read("text_embedding") is None,
             )
             groups.setdefault(key, []).append(ctx)
-        size = ctxs[0].module("a2v").max_batch or len(ctxs)
         for group in groups.values():
-            for i in range(0, len(group), size):
-                self._sample(group[i : i + size])
+            self._sample(group)
 
     def _sample(self, ctxs: list[StageContext]) -> None:
         def stacked(field: str) -> torch.Tensor | None:

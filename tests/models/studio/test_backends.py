@@ -123,12 +123,13 @@ def test_weights_hash_follows_the_weights() -> None:
 
 @pytest.mark.parametrize("backend", EXPORTED)
 def test_exported_graphs_match_torch_at_any_frame_count(backend, backend_cache, randomise) -> None:
-    from talkloop.pipeline.models.studio.backend import A2VForward, _ClassForward
+    from talkloop.pipeline.models.shared.a2v_graph import A2VGraph
+    from talkloop.pipeline.models.studio.backend import _ClassForward
 
     torch.manual_seed(0)
     nets = build_networks(StudioConfig.tiny())
     a2v, sr, mouth = (randomise(nets[n], std=0.05) for n in ("a2v", "sr", "mouth"))
-    a2v_graph = A2VForward(a2v, backend)
+    a2v_graph = A2VGraph(a2v, backend, "test")
     sr_graph = GraphForward(
         backend, "sr", _ClassForward(sr), ("z_lr", "ref_hr"), dynamic={"z_lr": (0,)}
     )

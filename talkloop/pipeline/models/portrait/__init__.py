@@ -19,6 +19,8 @@ SPEC = FamilySpec(
     # Square 512 is the default; the framing keeps the face at the same share of any frame.
     native_sizes=((512, 512), (384, 384), (768, 768), (720, 1280)),
     block_modules=("a2v",),
+    # The motion net as exported graphs (models/shared/a2v_graph.py); the rest stays torch.
+    backends=("torch", "onnxruntime", "openvino"),
     state_fields=(
         StateField("renderer", "the photo's renderer: the image, its mesh, warp weights"),
     ),

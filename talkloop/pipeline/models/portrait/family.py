@@ -24,9 +24,14 @@ from talkloop.pipeline.core.graph import Phase
 from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.models.portrait import SPEC
 from talkloop.pipeline.models.portrait.framing import frame_portrait
-from talkloop.pipeline.models.portrait.motion import PortraitMotionConfig
+from talkloop.pipeline.models.portrait.motion import NUM_FIELDS, PortraitMotionConfig
 from talkloop.pipeline.models.portrait.stages import PortraitReferenceStage, PortraitRenderStage
-from talkloop.pipeline.models.registry import finish_modules, module_config, weights_folder
+from talkloop.pipeline.models.registry import (
+    finish_modules,
+    module_config,
+    use_a2v_graph,
+    weights_folder,
+)
 from talkloop.pipeline.models.shared.a2v import A2VDiT
 from talkloop.pipeline.models.shared.audio_encoder import AudioEncoder, AudioEncoderConfig
 from talkloop.pipeline.models.shared.text_encoder import TextEncoder, TextEncoderConfig
@@ -128,7 +133,13 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
         if folder is not None and module.state_dict():
             module.load(folder)
         modules[name] = module
-    return finish_modules(modules, config)
+    # The A2V's graphs are exported from these float32 weights, whatever dtype torch computes in.
+    float32 = None
+    if m.backend != "torch":
+        float32 = {k: v.clone() for k, v in modules["a2v"].state_dict().items()}
+    finish_modules(modules, config)
+    use_a2v_graph(modules, config, float32, (NUM_FIELDS, 1, 1))
+    return modules
 
 
 def _config_from_folder(folder: Path) -> PortraitConfig:
@@ -176,6 +187,6 @@ def phases(config: TalkloopConfig) -> dict[str, Phase]:
         "publish": Phase(
             "publish",
             frozenset({"segment_latents", "segment_audio", "segment_start", "seed"}),
-            [PortraitRenderStage(config.video.fps)],
+            [PortraitRenderStage(config.video.fps, config.model.render_processes)],
         ),
     }

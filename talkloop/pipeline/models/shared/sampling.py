@@ -6,6 +6,8 @@ Convention: ``x_t = (1 - t) x0 + t eps``, velocity ``v = eps - x0``, t = 1 is no
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from pydantic import BaseModel, Field
 from torch import Tensor
@@ -64,6 +66,33 @@ def euler_sample(
             f"given_mask must be bool {tuple(x_given.shape[:2])}, got "
             f"{given_mask.dtype} {tuple(given_mask.shape)}"
         )
+    # A network whose forward is an exported graph (models/shared/a2v_graph.py) runs the whole
+    # loop below as one graph.
+    graph_sample = getattr(model.__dict__.get("forward"), "sample", None)
+    if graph_sample is not None:
+        return graph_sample(
+            x_given, given_mask, pos, ref, audio, text, noise, steps, shift, audio_guidance
+        )
+    return euler_steps(
+        model, x_given, given_mask, pos, ref, audio, text, noise, steps, shift, audio_guidance
+    )
+
+
+def euler_steps(
+    model: Callable[..., Tensor],
+    x_given: Tensor,
+    given_mask: Tensor,
+    pos: Tensor,
+    ref: Tensor,
+    audio: Tensor | None,
+    text: Tensor | None,
+    noise: Tensor,
+    steps: int,
+    shift: float,
+    audio_guidance: float,
+) -> Tensor:
+    """:func:`euler_sample`'s loop on its checked inputs; ``model`` is anything called like
+    :meth:`A2VDiT.forward` (what an exported sampler graph traces)."""
     x_given = x_given.float()
     gm = given_mask[:, :, None, None, None]  # (B, F, 1, 1, 1)
     x = torch.where(gm, x_given, noise.float())  # (B, F, C, h, w)

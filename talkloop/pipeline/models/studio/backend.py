@@ -2,9 +2,9 @@
 
 The decoder (half the frame time in float32 torch) runs in int8, its activation ranges calibrated
 on the decoder inputs of studio clips (``calibration_inputs``); the A2V, SR and mouth nets run as
-float32 graphs. The audio, text and expression nets stay in torch: they run once per chunk or once
-per session and cost little. Where the A2V is called with per-sample dropout flags or without
-audio (training, guidance), it runs in torch.
+float32 graphs (the A2V's are the families' shared ones, ``models/shared/a2v_graph.py``). The
+audio, text and expression nets stay in torch: they run once per chunk or once per session and
+cost little.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from talkloop.pipeline.backends.runtime import Runner, graph_threads
 from talkloop.pipeline.backends.select import resolve_backend, schedule_key
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.models.shared.a2v import A2VDiT
+from talkloop.pipeline.models.shared.a2v_graph import A2VGraph
 from talkloop.pipeline.models.studio.stages import micro_batch
 from talkloop.pipeline.models.studio.vae import Decoder, StudioVAE
 from talkloop.pipeline.synth.dataset import make_clip
@@ -50,48 +51,6 @@ class _ClassForward(nn.Module):
 
     def forward(self, *inputs: Tensor) -> Tensor:
         return type(self.net).forward(self.net, *inputs)
-
-
-class _A2VNoText(_ClassForward):
-    def forward(self, x: Tensor, t: Tensor, pos: Tensor, ref: Tensor, audio: Tensor) -> Tensor:
-        return A2VDiT.forward(self.net, x, t, pos, ref, audio, None)
-
-
-class A2VForward:
-    """The A2V's forward on a backend: one graph with the prompt, one without."""
-
-    def __init__(self, net: A2VDiT, backend: str) -> None:
-        self.net = net
-        self.backend, self.variant = backend, "fp32"
-        names = ("x", "t", "pos", "ref", "audio")
-        frames = {"x": (1,), "t": (1,), "pos": (1,), "audio": (1,)}  # F varies per chunk kind
-        self.text = GraphForward(
-            backend, "studio-a2v", _ClassForward(net), (*names, "text"), dynamic=frames
-        )
-        self.no_text = GraphForward(
-            backend, "studio-a2v-notext", _A2VNoText(net), names, dynamic=frames
-        )
-
-    def __call__(
-        self,
-        x: Tensor,
-        t: Tensor,
-        pos: Tensor,
-        ref: Tensor,
-        audio: Tensor | None,
-        text: Tensor | None,
-        *,
-        audio_keep: Tensor | None = None,
-        text_keep: Tensor | None = None,
-    ) -> Tensor:
-        if audio is None or audio_keep is not None or text_keep is not None:
-            return A2VDiT.forward(
-                self.net, x, t, pos, ref, audio, text, audio_keep=audio_keep, text_keep=text_keep
-            )
-        self.net._check(x, t, pos, ref)  # the graph has no shape checks of its own
-        if text is None:
-            return self.no_text(x, t, pos, ref, audio)
-        return self.text(x, t, pos, ref, audio, text)
 
 
 def _weights_dtype(net: nn.Module) -> torch.dtype:
@@ -141,7 +100,7 @@ def attach_backend(nets: dict[str, nn.Module], backend: str) -> None:
     """Run the hot networks of ``nets`` (built and loaded, float32) on ``backend``."""
     vae: StudioVAE = nets["vae"]  # type: ignore[assignment]
     vae.decoder.forward = DecoderForward(vae, backend)  # type: ignore[method-assign]
-    nets["a2v"].forward = A2VForward(nets["a2v"], backend)  # type: ignore[method-assign]
+    nets["a2v"].forward = A2VGraph(nets["a2v"], backend, "studio")  # type: ignore[method-assign]
     nets["sr"].forward = _sr_forward(nets["sr"], backend)  # type: ignore[method-assign]
     nets["mouth"].forward = _mouth_forward(nets["mouth"], backend)  # type: ignore[method-assign]
 
@@ -158,10 +117,10 @@ def warm_up(nets: dict[str, nn.Module], config: TalkloopConfig) -> None:
     f = s.ctx_len + s.n_len
     batch = micro_batch(s.n_len, vae.cfg.decode_batch)
     vae.decoder.forward.runner([torch.zeros(batch, c * (k + 1), h, w)])
-    x, tf = torch.zeros(1, f, c, h // 2, w // 2), torch.zeros(1, f)
-    ref, audio = torch.zeros(1, c, h // 2, w // 2), torch.zeros(1, f, a2v.cfg.audio_dim)
-    a2v.forward.text.runner([x, tf, tf, ref, audio, torch.zeros(1, a2v.cfg.text_dim)])
-    a2v.forward.no_text.runner([x, tf, tf, ref, audio])
+    sm = config.sampler
+    steps = (sm.steps, sm.i_steps) if s.i_len else (sm.steps,)
+    a2v.forward.warm_up(f, (c, h // 2, w // 2), steps, sm.shift, sm.audio_guidance)
+    audio = torch.zeros(1, f, a2v.cfg.audio_dim)
     z_lr = torch.zeros(s.n_len, c, h // 2, w // 2)
     nets["sr"].forward.runner([z_lr, torch.zeros(1, c, h, w)])
     nets["mouth"].forward.runner([torch.zeros(s.n_len, c, h, w), audio[0, : s.n_len]])
@@ -213,7 +172,7 @@ def _probes(nets: dict[str, nn.Module], config: TalkloopConfig, dtype: str):
                 f32 = {n_: copy.deepcopy(nets[n_]).float() for n_ in ("vae", "a2v", "sr", "mouth")}
                 dec = DecoderForward(f32["vae"], name)  # type: ignore[arg-type]
                 fwd = {
-                    "a2v": A2VForward(f32["a2v"], name),  # type: ignore[arg-type]
+                    "a2v": A2VGraph(f32["a2v"], name, "studio"),  # type: ignore[arg-type]
                     "sr": _sr_forward(f32["sr"], name),
                     "mouth": _mouth_forward(f32["mouth"], name),
                 }

@@ -222,9 +222,7 @@ def load_modules(config: TalkloopConfig) -> dict[str, Module]:
             for n, net in exported_nets(nets).items()
         }
     finish_modules(modules, config)
-    backend = use_backend(nets, config, modules["a2v"].compute_dtype or "float32", float32)
-    if backend != "torch":
-        modules["a2v"].max_batch = 1  # graphs are compiled per input shape, batch size included
+    use_backend(nets, config, modules["a2v"].compute_dtype or "float32", float32)
     return modules
 
 
