@@ -84,7 +84,12 @@ def run_level(n: int, seconds: float, family: str, out: Path, host: str) -> dict
     with open(out / f"serve-{n}.log", "w") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_serving(f"http://{host}:{port}", server, timeout=300)
+            try:
+                wait_serving(f"http://{host}:{port}", server, timeout=300)
+            except RuntimeError as err:
+                log.flush()
+                tail = (out / f"serve-{n}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{err}; its output ended with:\n{tail}") from None
             url = f"ws://{host}:{port}/ws"
             files = [out / f"call-{n}-{i}.json" for i in range(n)]
             clients = [

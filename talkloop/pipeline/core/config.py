@@ -151,6 +151,15 @@ class ModelConfig(_Strict):
         "backends). A family whose spec lists only torch in its backends ignores it",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the networks compute")
+    render_processes: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="worker processes for the family's per-frame rendering (a family whose "
+        "render stage takes them), shared by every session of the process; 0: each session "
+        "renders on its own thread. Live calls use one per core "
+        "(talkloop/pipeline/core/workers.py says why)",
+    )
     placement: PlacementConfig = PlacementConfig()
     offload_slots: int = Field(
         2, ge=2, le=8, description="device slots per offloaded module (prefetch depth + 1)"

@@ -6,10 +6,14 @@ the motion net is an A2V DiT over one 16-channel token per frame (``motion.py``)
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.stage import Stage, StageContext
+from talkloop.pipeline.core.workers import Bound, shared_pool
 from talkloop.pipeline.models.portrait.blinks import blink_track
 from talkloop.pipeline.models.portrait.face import detect_faces, face_landmarks, person_mask
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
@@ -42,18 +46,40 @@ class PortraitReferenceStage(Stage):
 
 class PortraitRenderStage(Stage):
     """Motion latents in display order -> raw parameters (plus the seeded blinks of
-    ``blinks.py``) -> frames warped from the photo."""
+    ``blinks.py``) -> frames warped from the photo.
+
+    With ``processes`` the frames are rendered in that many worker processes shared by every
+    session of the process (``model.render_processes``, ``talkloop/pipeline/core/workers.py``):
+    each session's renderer is sent to one of them at its first chunk, the same renderer that
+    stays in the session's state, so the frames are the ones it would render here.
+    """
 
     name = "render"
     reads = ("segment_latents", "segment_start", "seed", "renderer")
     writes = ("frames",)
     needs = ("a2v",)
 
-    def __init__(self, fps: int) -> None:
+    def __init__(self, fps: int, processes: int = 0) -> None:
         self.fps = fps
+        self.pool = shared_pool(processes, (PortraitRenderer.__module__,)) if processes else None
+        self._bound: weakref.WeakKeyDictionary[PortraitRenderer, Bound] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
 
     def run(self, ctx: StageContext) -> None:
         params = ctx.module("a2v").config.denormalise(ctx.read("segment_latents"))  # (T, 16)
         blinks = blink_track(ctx.read("seed"), ctx.read("segment_start"), len(params), self.fps)
         params[:, BLINK] = np.maximum(params[:, BLINK], blinks)
-        ctx.write("frames", ctx.read("renderer").render(params))  # (T, H, W, 3) uint8
+        ctx.write("frames", self._render(ctx.read("renderer"), params))  # (T, H, W, 3) uint8
+
+    def _render(self, renderer: PortraitRenderer, params: np.ndarray) -> np.ndarray:
+        if self.pool is None:
+            return renderer.render(params)
+        with self._lock:
+            bound = self._bound.get(renderer)
+        if bound is None:  # the session's first chunk (one session's chunks never overlap)
+            bound = self.pool.bind(renderer)
+            with self._lock:
+                self._bound[renderer] = bound
+        return bound.call("render", params)

@@ -1,0 +1,210 @@
+"""Worker processes for the GIL-bound work of many live sessions (``model.render_processes``).
+
+A family's per-frame work that is many small numpy and OpenCV calls (a photo warp's renderer:
+some thirty per frame) gives up and takes back the GIL at every call. Next to a server's event loop,
+which does the same for every RTP packet, each taking-back waits for the other thread: with two
+calls in one process the renders took three to four times their CPU time while a core stayed
+idle (docs/benchmarks.md, the capacity entry of 2026-12-02). In a worker process of its own the
+same work has a GIL to itself.
+
+:class:`ProcessPool` keeps ``processes`` workers: fresh interpreters
+(``python -m talkloop.pipeline.core.workers``, so no thread of the parent is copied into them and
+no script's ``__main__`` runs again), each on one end of a socket pair, computing on one thread
+(the pool is the parallelism). :meth:`ProcessPool.bind` sends an object (pickled, once) to the worker holding the
+fewest; :meth:`Bound.call` runs one of its methods there and returns the result, the calling
+thread waiting without the GIL. An object is forgotten in its worker when its :class:`Bound` is
+garbage-collected. A worker that dies fails the calls of the objects it held, each with
+:class:`WorkerLostError`; the next :meth:`ProcessPool.bind` starts a new one in its place.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import threading
+import weakref
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from talkloop.pipeline.core.errors import TalkloopError
+
+
+class WorkerLostError(TalkloopError):
+    """The worker process that held an object is gone (killed, or out of memory)."""
+
+
+def _serve(conn: Connection, preload: Sequence[str]) -> None:
+    """A worker's loop: bind, forget and call requests, one at a time, answered in order."""
+    for name in preload:
+        importlib.import_module(name)
+    if "cv2" in sys.modules:
+        sys.modules["cv2"].setNumThreads(1)
+    objects: dict[int, Any] = {}
+    conn.send(("ready", None))
+    while True:
+        try:
+            op, key, payload = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if op == "forget":
+            objects.pop(key, None)
+            continue
+        try:
+            if op == "bind":
+                objects[key], result = payload, None
+            else:
+                method, args = payload
+                result = getattr(objects[key], method)(*args)
+            conn.send(("ok", result))
+        except Exception as err:  # the caller's error, raised again there
+            conn.send(("error", err))
+
+
+class _Worker:
+    def __init__(self, preload: Sequence[str]) -> None:
+        mine, theirs = socket.socketpair()
+        fd = theirs.fileno()
+        cmd = [sys.executable, "-m", __name__, str(fd), *preload]
+        # It finds modules where this process does; one thread for whatever it loads (the
+        # pool is the parallelism).
+        path = os.pathsep.join(p for p in sys.path if p)
+        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+        self.process = subprocess.Popen(cmd, pass_fds=(fd,), env=env)
+        theirs.close()
+        self.conn = Connection(mine.detach())
+        self.lock = threading.Lock()
+        self.ready = False
+        self.bound = 0  # objects held
+        self.forgotten: list[int] = []  # keys to forget before the next request
+
+    def request(self, op: str, key: int, payload: Any) -> Any:
+        with self.lock:
+            try:
+                if not self.ready:
+                    self.conn.recv()  # ("ready", None): its imports are done
+                    self.ready = True
+                while self.forgotten:
+                    self.conn.send(("forget", self.forgotten.pop(), None))
+                self.conn.send((op, key, payload))
+                status, result = self.conn.recv()
+            except (EOFError, OSError, BrokenPipeError) as err:
+                raise WorkerLostError(
+                    f"the render worker process {self.process.pid} is gone "
+                    f"(exit code {self.process.poll()}): the sessions it served end"
+                ) from err
+        if status == "error":
+            raise result
+        return result
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        self.conn.close()  # the worker reads the end of its socket and exits
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Bound:
+    """An object held by a worker process; :meth:`call` runs its methods there."""
+
+    def __init__(self, worker: _Worker, key: int) -> None:
+        self._worker, self._key = worker, key
+        weakref.finalize(self, _forget, worker, key)
+
+    def call(self, method: str, *args: Any) -> Any:
+        """``obj.method(*args)`` in the worker; its exceptions are raised here.
+
+        Raises:
+            WorkerLostError: the worker process died.
+        """
+        return self._worker.request("call", self._key, (method, args))
+
+
+def _forget(worker: _Worker, key: int) -> None:
+    # May run inside the garbage collector on any thread, even one holding the worker's lock:
+    # never block; the next request sends it.
+    worker.bound -= 1
+    worker.forgotten.append(key)
+
+
+class ProcessPool:
+    """``processes`` worker processes; each imports ``preload`` when it starts.
+
+    Args:
+        processes: how many (>= 1).
+        preload: modules every worker imports before its first request (what unpickling the
+            bound objects needs), so a first bind does not pay for them.
+    """
+
+    def __init__(self, processes: int, preload: Sequence[str] = ()) -> None:
+        if processes < 1:
+            raise ValueError(f"processes must be >= 1, got {processes}")
+        self._preload = tuple(preload)
+        self._lock = threading.Lock()
+        self._keys = itertools.count()
+        self._workers = [_Worker(self._preload) for _ in range(processes)]
+
+    @property
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.process.pid for w in self._workers]
+
+    def bind(self, obj: Any) -> Bound:
+        """Send ``obj`` to the worker that holds the fewest objects; a dead worker is replaced
+        first."""
+        with self._lock:
+            for i, w in enumerate(self._workers):
+                if not w.alive:
+                    self._workers[i] = _Worker(self._preload)
+            worker = min(self._workers, key=lambda w: w.bound)
+            worker.bound += 1
+            key = next(self._keys)
+        try:
+            worker.request("bind", key, obj)
+        except BaseException:
+            worker.bound -= 1
+            raise
+        return Bound(worker, key)
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._workers = self._workers, []
+        for w in workers:
+            w.close()
+
+
+_pools: dict[tuple[int, tuple[str, ...]], ProcessPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(processes: int, preload: Sequence[str] = ()) -> ProcessPool:
+    """The process's pool of this size and preload (made on first use, kept until exit)."""
+    key = (processes, tuple(preload))
+    with _pools_lock:
+        if key not in _pools:
+            _pools[key] = ProcessPool(processes, preload)
+        return _pools[key]
+
+
+@atexit.register
+def _close_pools() -> None:
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+if __name__ == "__main__":  # a worker: python -m talkloop.pipeline.core.workers FD [MODULE...]
+    _serve(Connection(int(sys.argv[1])), sys.argv[2:])

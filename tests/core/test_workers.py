@@ -1,0 +1,103 @@
+"""Worker processes (talkloop/pipeline/core/workers.py): bound objects' methods run in another
+process, their errors come back, a dead worker fails only its own objects' calls and is replaced,
+and an object is forgotten once its handle is gone."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from talkloop.pipeline.core.workers import ProcessPool, WorkerLostError
+
+pytestmark = pytest.mark.unit
+
+
+class Counter:
+    """A picklable object with state (what a renderer is to the pool)."""
+
+    def __init__(self, start: int) -> None:
+        self.n = start
+
+    def add(self, k: int) -> int:
+        self.n += k
+        return self.n
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def fail(self) -> None:
+        raise ValueError("bad input for this object")
+
+    def frames(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.full(shape, self.n % 256, np.uint8)
+
+
+@pytest.fixture
+def pool():
+    p = ProcessPool(2)
+    yield p
+    p.close()
+
+
+def test_methods_run_in_a_worker_with_the_objects_own_state(pool) -> None:
+    a, b = pool.bind(Counter(10)), pool.bind(Counter(100))
+    assert a.call("add", 1) == 11 and a.call("add", 2) == 13  # state kept between calls
+    assert b.call("add", 5) == 105
+    pids = {a.call("pid"), b.call("pid")}
+    assert os.getpid() not in pids
+    assert pids == set(pool.pids)  # one object on each worker: the least loaded takes it
+    frames = a.call("frames", (2, 64, 64, 3))
+    assert frames.dtype == np.uint8 and frames.shape == (2, 64, 64, 3) and frames[0, 0, 0, 0] == 13
+
+
+def test_an_objects_error_is_raised_in_the_caller_and_the_worker_goes_on(pool) -> None:
+    a = pool.bind(Counter(0))
+    with pytest.raises(ValueError, match="bad input for this object"):
+        a.call("fail")
+    assert a.call("add", 1) == 1
+    with pytest.raises(AttributeError):
+        a.call("no_such_method")
+
+
+def test_a_dead_worker_fails_its_objects_alone_and_is_replaced(pool) -> None:
+    a, b = pool.bind(Counter(0)), pool.bind(Counter(0))
+    victim = a.call("pid")
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and victim in _alive(pool):
+        time.sleep(0.05)
+    with pytest.raises(WorkerLostError, match=f"process {victim} is gone"):
+        a.call("add", 1)
+    assert b.call("add", 1) == 1  # the other worker's object is untouched
+    c = pool.bind(Counter(7))  # a new worker takes the dead one's place
+    assert victim not in pool.pids and len(pool.pids) == 2
+    assert c.call("add", 1) == 8
+
+
+def _alive(pool) -> list[int]:
+    return [w.process.pid for w in pool._workers if w.alive]
+
+
+def test_an_object_is_forgotten_in_its_worker_when_its_handle_goes() -> None:
+    pool = ProcessPool(1)
+    try:
+        (worker,) = pool._workers
+        handle = pool.bind(Counter(0))
+        assert worker.bound == 1
+        del handle
+        gc.collect()
+        assert worker.bound == 0 and len(worker.forgotten) == 1  # queued, never blocking
+        other = pool.bind(Counter(1))  # the next request sends the forget first
+        assert worker.forgotten == [] and other.call("add", 1) == 2
+    finally:
+        pool.close()
+
+
+def test_a_pool_needs_a_worker() -> None:
+    with pytest.raises(ValueError, match="processes must be >= 1"):
+        ProcessPool(0)
