@@ -88,6 +88,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where networks run")
     g.add_argument(
+        "--render-processes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes that render the frames of every session of this process (a "
+        "family whose renderer takes them); 0: each session's own thread. Default: one per "
+        "core for live calls (serve), 0 for a render",
+    )
+    g.add_argument(
         "--placement",
         type=parse_placement,
         default={},
@@ -134,6 +143,7 @@ def config_from_args(args: argparse.Namespace) -> TalkloopConfig:
             "dtype": args.dtype,
             "backend": getattr(args, "backend", "auto"),
             "device": getattr(args, "device", "cpu"),
+            "render_processes": getattr(args, "render_processes", None),
             "placement": getattr(args, "placement", {}),
         },
         seed=getattr(args, "seed", 0),

@@ -38,12 +38,12 @@ def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
     """Apply the family's live schedule (unless the caller set one), unless ``sampler_given``
     its live sampler steps (the family spec's ``live_schedule`` and ``live_sampler``,
     ``talkloop/pipeline/models/spec.py``), and unless set a render process per core
-    (``model.render_processes``)."""
+    (``model.render_processes`` None)."""
     model = base.get("model", {})
     fam = spec(model.get("family", DEFAULT_FAMILY))
     out = {**base, "schedule": {**fam.live_schedule, **base.get("schedule", {})}}
-    # Renders in worker processes, one per core, away from the calls' event loop.
-    out["model"] = {"render_processes": len(os.sched_getaffinity(0)), **model}
+    if model.get("render_processes") is None:  # one per core, away from the event loop
+        out["model"] = {**model, "render_processes": len(os.sched_getaffinity(0))}
     if not sampler_given:
         out["sampler"] = {**base.get("sampler", {}), **fam.live_sampler}
     return out

@@ -2,7 +2,7 @@
 
 aiortc opens libx264 at its default preset (``medium``) with as many threads as x264 likes. For
 a 256x256 talking head that spends CPU the avatar's generation needs on the same cores; at
-``veryfast`` on one thread x264 takes a fraction of that CPU for the same picture quality and a
+``superfast`` on one thread x264 takes a fraction of that CPU for the same picture quality and a
 few more bits (docs/benchmarks.md, "Figures behind code choices"). :func:`use_avatar_encoder`
 makes one sender (our peers' video senders, ``talkloop/rtc/peer.py``) build this encoder for
 H.264; everything else (bitrate control from the browser's feedback, keyframe requests,
@@ -33,7 +33,7 @@ from aiortc.codecs.h264 import MAX_FRAME_RATE, H264Encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtcrtpsender import RTCEncodedFrame, RTCRtpSender
 
-X264_PRESET = "veryfast"
+X264_PRESET = "superfast"
 X264_THREADS = 1
 ENCODER_SLOT = "_RTCRtpSender__encoder"  # RTCRtpSender's private self.__encoder
 

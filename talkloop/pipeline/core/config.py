@@ -151,13 +151,13 @@ class ModelConfig(_Strict):
         "backends). A family whose spec lists only torch in its backends ignores it",
     )
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the networks compute")
-    render_processes: int = Field(
-        0,
+    render_processes: int | None = Field(
+        None,
         ge=0,
         le=64,
         description="worker processes for the family's per-frame rendering (a family whose "
         "render stage takes them), shared by every session of the process; 0: each session "
-        "renders on its own thread. Live calls use one per core "
+        "renders on its own thread; None: one per core in live calls, 0 elsewhere "
         "(talkloop/pipeline/core/workers.py says why)",
     )
     placement: PlacementConfig = PlacementConfig()

@@ -210,8 +210,9 @@ def use_a2v_graph(
         a2v = copy.deepcopy(modules["a2v"])
         if float32 is not None:
             a2v.net.float().load_state_dict(float32)
+        # The graphs compute in float32; compute_dtype stays what torch computes in (the other
+        # modules), as with every exported backend: the runtime report says what the A2V runs.
         attach_a2v_graph(a2v.net, backend, tag)
-        a2v.compute_dtype = "float32"
         mods["a2v"] = a2v
         return mods
 

@@ -84,3 +84,21 @@ def test_auto_times_the_backends_once_and_keeps_its_choice(speech, backend_cache
     assert describe(again.modules, "float32")["backend"] == chosen
     assert list(backend_cache.glob("auto-*.json")) == files
     assert json.loads(files[0].read_text()) == record
+
+
+@pytest.mark.parametrize("backend", EXPORTED)
+def test_the_graph_runs_beside_torch_modules_that_auto_put_in_bf16(
+    backend, speech, monkeypatch, backend_cache
+) -> None:
+    """Where ``--dtype auto`` picks bf16 (a CPU that computes it), the audio and text encoders
+    compute in bf16 and the motion graph in float32: one pipeline, whose dtype is torch's."""
+    import talkloop.pipeline.models.registry as registry
+
+    # what auto would pick on such a CPU, without timing anything
+    monkeypatch.setattr(registry, "resolve_dtype", lambda *a, **k: "bfloat16")
+    monkeypatch.setattr(registry, "resolve_backend", lambda *a, **k: backend)
+    frames, _ = _frames(_config("auto", dtype="auto"), speech)
+    pipeline = build_pipeline(_config("auto", dtype="auto"))
+    assert pipeline.compute_dtype == "bfloat16"
+    assert describe(pipeline.modules, pipeline.compute_dtype)["backend"] == backend
+    assert frames.shape[0] >= 35 and np.abs(np.diff(frames.astype(np.int16), axis=0)).mean() > 0.1

@@ -93,16 +93,17 @@ def test_render_processes_make_the_frames_the_session_thread_makes(
     modules, reference, speech
 ) -> None:
     """``model.render_processes`` (what live calls use): the renderer goes to a worker process
-    at the first chunk and renders there; the frames are bit-identical."""
+    when the session opens and renders there; the frames are bit-identical."""
     audio = speech[: int(1.5 * RATE)]
     here = render_batch(pipeline_of(modules, 0), audio, reference).all_frames()
     pooled_pipeline = pipeline_of(modules, 2)
     (stage,) = pooled_pipeline.phases["publish"].stages
-    assert stage.pool is not None and len(stage.pool.pids) == 2
+    pool = stage.workers.pool
+    assert pool is not None and len(pool.pids) == 2
     pooled = render_batch(pooled_pipeline, audio, reference).all_frames()
     assert here.shape == pooled.shape and here.shape[0] >= 30
     assert np.array_equal(here, pooled)
-    assert sum(w.bound for w in stage.pool._workers) <= 1  # the session's renderer, or none
+    assert sum(w.bound for w in pool._workers) <= 1  # the session's renderer, or none
 
 
 def pipeline_of(modules, processes: int) -> Pipeline:

@@ -25,7 +25,11 @@ from talkloop.pipeline.core.module import Module
 from talkloop.pipeline.models.portrait import SPEC
 from talkloop.pipeline.models.portrait.framing import frame_portrait
 from talkloop.pipeline.models.portrait.motion import NUM_FIELDS, PortraitMotionConfig
-from talkloop.pipeline.models.portrait.stages import PortraitReferenceStage, PortraitRenderStage
+from talkloop.pipeline.models.portrait.stages import (
+    PortraitReferenceStage,
+    PortraitRenderStage,
+    RenderWorkers,
+)
 from talkloop.pipeline.models.registry import (
     finish_modules,
     module_config,
@@ -176,17 +180,18 @@ def phases(config: TalkloopConfig) -> dict[str, Phase]:
     """The portrait pipeline: the shared audio features and N/I chunk stages drive the motion
     net; the photo is prepared once and warped per frame."""
 
+    workers = RenderWorkers(config.model.render_processes or 0)
     return {
         "init": Phase(
             "init",
             frozenset({"reference_image", "prompt"}),
-            [PortraitReferenceStage(), PromptStage()],
+            [PortraitReferenceStage(workers), PromptStage()],
         ),
         "prompt": Phase("prompt", frozenset({"prompt"}), [PromptStage()]),
         **chunk_phases(config.sampler),
         "publish": Phase(
             "publish",
             frozenset({"segment_latents", "segment_audio", "segment_start", "seed"}),
-            [PortraitRenderStage(config.video.fps, config.model.render_processes)],
+            [PortraitRenderStage(config.video.fps, workers)],
         ),
     }
