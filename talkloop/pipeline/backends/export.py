@@ -59,7 +59,14 @@ def export_onnx(
     named in ``dynamic_axes`` (input name -> {dim: symbol}) stay free in the graph."""
     _register_rms_norm()
     _register_fast_gelu()
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+    # No autocast: a graph first used inside a bf16 session would otherwise trace bf16 ops
+    # beside its float32 inputs (ONNX Runtime then refuses the graph's mixed types).
+    with (
+        warnings.catch_warnings(),
+        torch.inference_mode(False),
+        torch.no_grad(),
+        torch.autocast("cpu", enabled=False),
+    ):
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes
         # Clones: inputs made under inference_mode cannot be traced.
         torch.onnx.export(
