@@ -101,3 +101,28 @@ def test_an_object_is_forgotten_in_its_worker_when_its_handle_goes() -> None:
 def test_a_pool_needs_a_worker() -> None:
     with pytest.raises(ValueError, match="processes must be >= 1"):
         ProcessPool(0)
+
+
+class Unpicklable(Exception):
+    def __init__(self, handle) -> None:
+        super().__init__("holds a handle")
+        self.handle = handle
+
+    def __reduce__(self):
+        raise TypeError("cannot pickle this error")
+
+
+class Raiser:
+    def fail(self) -> None:
+        raise Unpicklable(object())
+
+
+def test_an_error_that_does_not_pickle_comes_back_by_name_and_the_worker_lives() -> None:
+    pool = ProcessPool(1)
+    try:
+        r = pool.bind(Raiser())
+        with pytest.raises(RuntimeError, match="Unpicklable: holds a handle"):
+            r.call("fail")
+        assert pool.bind(Counter(4)).call("add", 1) == 5
+    finally:
+        pool.close()

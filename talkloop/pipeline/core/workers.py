@@ -10,8 +10,8 @@ same work has a GIL to itself.
 :class:`ProcessPool` keeps ``processes`` workers: fresh interpreters
 (``python -m talkloop.pipeline.core.workers``, so no thread of the parent is copied into them and
 no script's ``__main__`` runs again), each on one end of a socket pair, computing on one thread
-(the pool is the parallelism). :meth:`ProcessPool.bind` sends an object (pickled, once) to the worker holding the
-fewest; :meth:`Bound.call` runs one of its methods there and returns the result, the calling
+(the pool is the parallelism). :meth:`ProcessPool.bind` sends an object (pickled, once) to the
+worker holding the fewest; :meth:`Bound.call` runs one of its methods there and returns the result, the calling
 thread waiting without the GIL. An object is forgotten in its worker when its :class:`Bound` is
 garbage-collected. A worker that dies fails the calls of the objects it held, each with
 :class:`WorkerLostError`; the next :meth:`ProcessPool.bind` starts a new one in its place.
@@ -63,7 +63,10 @@ def _serve(conn: Connection, preload: Sequence[str]) -> None:
                 result = getattr(objects[key], method)(*args)
             conn.send(("ok", result))
         except Exception as err:  # the caller's error, raised again there
-            conn.send(("error", err))
+            try:
+                conn.send(("error", err))
+            except Exception:  # an exception that does not pickle: its type and message
+                conn.send(("error", RuntimeError(f"{type(err).__name__}: {err}")))
 
 
 class _Worker:

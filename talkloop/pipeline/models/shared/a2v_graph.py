@@ -195,7 +195,7 @@ class A2VGraph:
                 shift,
                 audio_guidance,
             )
-        self.net._check(x_given, pos, pos, ref)
+        self.net._check(x_given, pos, pos, ref)  # (pos stands in for t: both are (B, F))
         graph = self.sampler(steps, shift, audio_guidance, text is not None)
         inputs = [x_given, given_mask.float(), pos, ref, audio, noise]
         return graph(*inputs, *([] if text is None else [text]))
@@ -224,15 +224,14 @@ class A2VGraph:
         shift: float,
         guidance: float,
     ) -> None:
-        """Export (or load from the disk cache) and compile the forward and sampler graphs of
-        these sampler settings (each of ``steps``) now rather than in a session's first chunk; ``latent`` is one
-        frame's (C, h, w)."""
+        """Export (or load from the disk cache) and compile the sampler graphs of these settings
+        (each of ``steps``), what sessions run, now rather than in a session's first chunk;
+        ``latent`` is one frame's (C, h, w). The forward graphs (a direct call of the net, as
+        a backend probe makes) are made when first called."""
         cfg = self.net.cfg
         x, tf = torch.zeros(1, frames, *latent), torch.zeros(1, frames)
         ref, audio = torch.zeros(1, *latent), torch.zeros(1, frames, cfg.audio_dim)
-        keep, text = torch.ones(1), torch.zeros(1, cfg.text_dim)
-        self.text.runner([x, tf, tf, ref, audio, keep, text])
-        self.no_text.runner([x, tf, tf, ref, audio, keep])
+        text = torch.zeros(1, cfg.text_dim)
         for n, with_text in itertools.product(sorted(set(steps)), (True, False)):
             graph = self.sampler(n, shift, guidance, with_text)
             graph.runner([x, tf, tf, ref, audio, x, *([text] if with_text else [])])
