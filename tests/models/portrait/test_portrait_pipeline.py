@@ -8,6 +8,7 @@ import pytest
 from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.models.portrait import stages
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
 
 from support import liven, memory_reports, render_batch, render_streaming, tiny_config
@@ -110,3 +111,46 @@ def pipeline_of(modules, processes: int) -> Pipeline:
     config = portrait_config()
     model = config.model.model_copy(update={"render_processes": processes})
     return build_pipeline(config.model_copy(update={"model": model}), modules)
+
+
+def test_sessions_of_one_photo_share_its_prepared_renderer(modules, reference, speech, monkeypatch):
+    """The face models and the renderer run once per photo: a second session of the same photo
+    starts from the first's renderer (its arrays shared, its own handle) and makes the same
+    frames; a photo changed afterwards by its caller does not change what was prepared."""
+    pipeline = pipeline_of(modules, 0)
+    audio = speech[: int(1.0 * RATE)]
+    photo = reference.copy()
+    first = pipeline.open_session(photo)
+    calls = []
+    monkeypatch.setattr(stages, "detect_faces", lambda image: calls.append(image) or [])
+    photo[:] = 0  # the caller reuses its array: the prepared renderer kept its own copy
+    second = pipeline.open_session(reference.copy())
+    assert calls == []  # no face detection: the photo was prepared
+    a, b = (s.state.fields["renderer"] for s in (first, second))
+    assert a is not b and a.image is b.image and np.array_equal(a.image, reference)
+    frames = [render_batch(pipeline, audio, reference).all_frames() for _ in range(2)]
+    assert np.array_equal(frames[0], frames[1])
+    with pytest.raises(InputError, match="no face"):  # another photo is prepared anew
+        pipeline.open_session(np.roll(reference, 3, axis=1))
+    assert len(calls) == 1
+
+
+def test_prepared_photos_are_bounded(modules, reference) -> None:
+    stage = stages.PortraitReferenceStage()
+    photos = [np.roll(reference, k, axis=1) for k in range(stages.PREPARED_PHOTOS + 2)]
+    renderers = [stage.prepared(p) for p in photos]
+    assert len(stage._prepared) == stages.PREPARED_PHOTOS
+    assert stage.prepared(photos[-1]) is renderers[-1]  # kept: used last
+    assert stage.prepared(photos[0]) is not renderers[0]  # the oldest went
+
+
+def test_sessions_of_one_photo_render_in_different_workers(modules, reference) -> None:
+    # Sharing the prepared renderer must not pin every call of the default avatar to one
+    # worker process: each session's handle is bound on its own, to the least loaded worker.
+    pipeline = pipeline_of(modules, 2)
+    (stage,) = pipeline.phases["publish"].stages
+    pool = stage.workers.pool
+    before = [w.bound for w in pool._workers]
+    sessions = [pipeline.open_session(reference.copy()) for _ in range(2)]
+    assert [w.bound - b for w, b in zip(pool._workers, before, strict=True)] == [1, 1]
+    del sessions

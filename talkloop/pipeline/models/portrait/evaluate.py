@@ -49,7 +49,7 @@ from talkloop.pipeline.models import registry
 from talkloop.pipeline.models.portrait import family
 from talkloop.pipeline.models.portrait.motion import PortraitMotionConfig
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS, MOUTH_FIELDS
-from talkloop.pipeline.models.portrait.stages import PortraitReferenceStage, PortraitRenderStage
+from talkloop.pipeline.models.portrait.stages import PortraitRenderStage
 from talkloop.pipeline.models.shared.sampling import euler_sample
 from talkloop.pipeline.synth.dataset import Clip, make_clip
 from talkloop.pipeline.synth.style import DESCRIBED_ABOVE, DESCRIBED_BELOW, field_phrases
@@ -137,48 +137,10 @@ class ParamsSink:
         )
 
 
-class _ReplayedStage(Stage):
-    """Runs ``inner`` and replays what it wrote while its inputs stay the same (every evaluation
-    session starts from one photo: its face detection and renderer are made once)."""
-
-    def __init__(self, inner: Stage) -> None:
-        self.inner = inner
-        self.name, self.reads = inner.name, inner.reads  # type: ignore[misc]
-        self.writes, self.needs = inner.writes, inner.needs  # type: ignore[misc]
-        self._inputs: list | None = None
-        self._written: dict = {}
-
-    def run(self, ctx: StageContext) -> None:
-        inputs = [ctx.read(f) for f in self.reads]
-        same = self._inputs is not None and all(
-            np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
-            for a, b in zip(inputs, self._inputs, strict=True)
-        )
-        if not same:
-            recorder = _Recorder(ctx)
-            self.inner.run(recorder)  # type: ignore[arg-type]
-            self._inputs = [a.copy() if isinstance(a, np.ndarray) else a for a in inputs]
-            self._written = recorder.written
-            return
-        for f, value in self._written.items():
-            ctx.write(f, value.clone() if isinstance(value, torch.Tensor) else value)
-
-
-class _Recorder:
-    """A stage context that remembers what the stage wrote."""
-
-    def __init__(self, ctx: StageContext) -> None:
-        self.ctx, self.written = ctx, {}
-        self.read, self.module = ctx.read, ctx.module
-
-    def write(self, field: str, value: object) -> None:
-        self.written[field] = value.clone() if isinstance(value, torch.Tensor) else value
-        self.ctx.write(field, value)
-
-
 def eval_phases(config: TalkloopConfig) -> dict[str, Phase]:
     """The portrait family's phases (``registry.family_phases``) with the renderer's publish stage
-    replaced by ``MotionParamsStage``; the reference stage replays its result for the same photo.
+    replaced by ``MotionParamsStage`` (the reference stage keeps the renderer of each photo it
+    saw last: ``PortraitReferenceStage.prepared``).
     """
     phases = dict(registry.family_phases(config))
     publish = phases["publish"]
@@ -188,11 +150,6 @@ def eval_phases(config: TalkloopConfig) -> dict[str, Phase]:
             f"publish stage, but the family publishes with {[s.name for s in publish.stages]}"
         )
     phases["publish"] = Phase("publish", publish.inputs, [MotionParamsStage()])
-    init = phases["init"]
-    stages = [
-        _ReplayedStage(s) if isinstance(s, PortraitReferenceStage) else s for s in init.stages
-    ]
-    phases["init"] = Phase("init", init.inputs, stages)
     return phases
 
 

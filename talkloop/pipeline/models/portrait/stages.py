@@ -6,8 +6,11 @@ the motion net is an A2V DiT over one 16-channel token per frame (``motion.py``)
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import threading
 import weakref
+from collections import OrderedDict
 
 import numpy as np
 
@@ -20,6 +23,7 @@ from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.render import PortraitRenderer
 
 BLINK = FRAME_FIELDS.index("blink")
+PREPARED_PHOTOS = 4  # renderers kept for the photos used last (a few MB each)
 
 
 class RenderWorkers:
@@ -58,7 +62,12 @@ class RenderWorkers:
 class PortraitReferenceStage(Stage):
     """Landmarks and person mask of the framed photo -> its renderer (the photo, its mesh and
     warp weights, handed to ``workers``) and the motion net's rest parameters (the A2V's
-    reference frame)."""
+    reference frame).
+
+    A renderer is made once per photo (a fifth of a second: face models, mesh, mouth
+    textures) and kept for the ``PREPARED_PHOTOS`` photos used last: a call with the same
+    avatar as an earlier one starts from it. Rendering never changes a renderer, so sessions
+    share its arrays; each gets its own handle, which its own worker renders."""
 
     name = "portrait_reference"
     reads = ("reference_image",)
@@ -67,20 +76,39 @@ class PortraitReferenceStage(Stage):
 
     def __init__(self, workers: RenderWorkers | None = None) -> None:
         self.workers = workers or RenderWorkers()
+        self._prepared: OrderedDict[bytes, PortraitRenderer] = OrderedDict()
+        self._lock = threading.Lock()
 
     def run(self, ctx: StageContext) -> None:
-
         image = ctx.read("reference_image")  # (H, W, 3) uint8, framed by load_reference
+        renderer = copy.copy(self.prepared(image))  # the session's own handle on shared arrays
+        self.workers.prepare(renderer)
+        ctx.write("renderer", renderer)
+        ctx.write("a2v_reference", ctx.module("a2v").config.rest_latent())  # (1, 16, 1, 1)
+
+    def prepared(self, image: np.ndarray) -> PortraitRenderer:
+        """The renderer of ``image``: made now, or kept from a session of the same photo."""
+        image = np.ascontiguousarray(image)
+        key = hashlib.blake2b(image, digest_size=16).digest() + repr(image.shape).encode()
+        key += image.dtype.str.encode()
+        with self._lock:
+            renderer = self._prepared.get(key)
+            if renderer is not None:
+                self._prepared.move_to_end(key)
+                return renderer
         faces = detect_faces(image)
         if not faces:
             raise InputError(
                 "no face found in the reference image: use a photo of one person facing the camera"
             )
         landmarks = face_landmarks(image, faces[0])  # (478, 3)
-        renderer = PortraitRenderer(image, landmarks, person_mask(image))
-        self.workers.prepare(renderer)
-        ctx.write("renderer", renderer)
-        ctx.write("a2v_reference", ctx.module("a2v").config.rest_latent())  # (1, 16, 1, 1)
+        # Its own copy of the photo: the caller's array may change after the session opens.
+        renderer = PortraitRenderer(image.copy(), landmarks, person_mask(image))
+        with self._lock:
+            self._prepared[key] = renderer
+            while len(self._prepared) > PREPARED_PHOTOS:
+                self._prepared.popitem(last=False)
+        return renderer
 
 
 class PortraitRenderStage(Stage):
