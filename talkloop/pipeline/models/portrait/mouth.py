@@ -46,6 +46,7 @@ LOWER_TEETH = 0.07
 TONGUE_REST = -0.012  # the tongue's top this far below the lower teeth's edge (jaw frame)
 TONGUE_RISE = 0.025  # how far tongue 1 lifts it (plus half the jaw's opening)
 ROUND = 0.2  # corner rounding: blur sigma as a share of the widest opening
+CONTACT_BLUR = 2.0  # px: how far from the lips' contact their colours are taken
 STOMION = 0.22  # darkness of the seam where the lips meet (a photo that parts its lips)
 STOMION_CLOSED = 0.0  # ... on a photo whose lips are closed (its own lip line is kept)
 
@@ -427,6 +428,16 @@ class MouthPainter:
 
         region = frame[y0:y1, x0:x1].astype(np.float32)
         out = region
+        # Inside the moved lips' polygon but not open (the rounded corners): the lips touch.
+        # The warp shows there whatever lay between the photo's lips, stretched (a closed
+        # photo's lip line as a dotted streak); the lips' own colours from around it instead.
+        # The gap's triangles, rasterised whole, reach a pixel past its polygon: one more.
+        near = cv2.dilate(gap_a, np.ones((3, 3), np.uint8))
+        contact = near - np.minimum(open_a, near)
+        if contact.max() > 0.0:
+            keep = cv2.GaussianBlur(1.0 - near, (0, 0), CONTACT_BLUR)
+            lips = cv2.GaussianBlur(region * (1.0 - near)[..., None], (0, 0), CONTACT_BLUR)
+            out = _over(out, lips / np.maximum(keep, 1e-3)[..., None], contact)
         if open_a.max() > 0.0:
             interior = self._interior(
                 (x0, y0), (cw, ch), xs, ys, top, bot, across, teeth_up, teeth_lo, tongue
