@@ -15,7 +15,9 @@ corner and never meet in a point. Where they are in contact (those corners, and 
 mouth at rest on a photo that parts its lips) the warp shows the lips themselves: the photo it
 warps has the gap between its lips filled with each lip's own colour (``closed_lip_source``),
 so closing squeezes lip, not teeth, into the seam, which is shaded darker towards the corners.
-A photo whose own lips are closed keeps its own lip line there instead.
+A photo whose own lips are closed keeps its own lip line there instead. Where an open mouth's
+lips touch at its rounded corners, the painter lays the lips' colours from around the contact
+over whatever the stretched warp brought there.
 """
 
 from __future__ import annotations
