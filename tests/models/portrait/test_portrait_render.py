@@ -111,7 +111,7 @@ def test_the_photo_is_described_by_its_expression(collins, hopper, luis):
     _, c = collins
     assert c.expression.teeth and c.expression.closes  # smiling, teeth showing
     assert c.photo_params[F["smile"]] > 0.5 and c.photo_params[F["teeth"]] == 1.0
-    assert 0.3 < c.photo_params[F["mouth_open"]] < 1.0
+    assert 0.2 < c.photo_params[F["mouth_open"]] < 1.0  # its open smile, not a wide vowel
     for _, r in (hopper, luis):
         assert not r.expression.teeth and not r.expression.closes  # lips (nearly) closed
         assert r.photo_params[F["smile"]] == 0.0 and r.photo_params[F["mouth_open"]] < 0.12
