@@ -47,6 +47,9 @@ UPPER_TEETH = 0.09  # visible height the upper teeth texture spans (more hides u
 LOWER_TEETH = 0.07
 TONGUE_REST = -0.012  # the tongue's top this far below the lower teeth's edge (jaw frame)
 TONGUE_RISE = 0.025  # how far tongue 1 lifts it (plus half the jaw's opening)
+TEETH_LIT = 0.06  # openings (face heights) from which the teeth are fully lit
+TEETH_DARK = 0.3  # their share of the light in a closing slit
+SHADOW = 0.45  # the light in the lips' shadow: this share of the lips' colour
 ROUND = 0.2  # corner rounding: blur sigma as a share of the widest opening
 CONTACT_BLUR = 2.0  # px: how far from the lips' contact their colours are taken
 STOMION = 0.22  # darkness of the seam where the lips meet (a photo that parts its lips)
@@ -486,9 +489,14 @@ class MouthPainter:
         lift = np.eye(3)[:2].copy()
         lift[:, 2] = -rise * self.axes[1]
         tongue_m = np.vstack([jaw, [0, 0, 1]]) @ np.vstack([lift, [0, 0, 1]])
+        # The teeth and tongue lie in the lips' shadow until the lips part well: a slit shows
+        # them dim and tinted by the light the lips throw in, not as a bright line.
+        t = min(opening / (TEETH_LIT * self.scale), 1.0)
+        lit = np.float32(TEETH_DARK + (1 - TEETH_DARK) * t * t * (3 - 2 * t))
+        dark = (self.lip_rgb * SHADOW * (1 - lit)).astype(np.float32)  # light off the lips
         for tex, m in ((self.tongue, tongue_m[:2]), (self.lower, jaw), (self.upper, skull)):
             layer = self._layer(tex, m, origin, size)
-            img = _over(img, layer[..., :3], layer[..., 3])
+            img = _over(img, layer[..., :3] * lit + dark, layer[..., 3])
         # The lips shade what lies just inside them: the upper lip most.
         gap = np.maximum(bot - top, 1.0)
         below = ys - top
