@@ -7,7 +7,8 @@ dark cavity whose light follows the opening. Where the photo shows its upper tee
 photo's own pixels (continued up under the upper lip, and at the sides down under the lower
 lip to the front teeth's edge line); otherwise, and for the lower teeth always, a template
 coloured and lit from the photo. The lips' inner edges shade the
-layers (the upper lip's shadow, no drawn outline).
+layers (the upper lip's shadow, no drawn outline), and until the lips part well the teeth and
+tongue lie in their shadow (a slit shows them dim, never as a bright line).
 
 The opening is the moved inner-lip polygon with rounded ends: its level set after a blur as
 wide as a fraction of the opening, so the lips stay in contact for a short length at each
