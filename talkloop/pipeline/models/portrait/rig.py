@@ -107,12 +107,12 @@ def lip_share(mouth_open: np.ndarray) -> np.ndarray:
     """The share of ``OPEN_GAP`` that ``mouth_open`` asks for: 0 up to ``OPEN_FROM``, 1 at 1.
 
     Not linear: the motion net's speech sits mostly in the small openings of consonants and
-    unstressed vowels (its median mouth_open in speech is 0.26-0.34 on five voices), and a mouth that shuts
-    between every pair of syllables reads as chattering, not talking. Rising ``OPEN_BOOST``
-    times faster at the start and flattening towards 1, the curve holds those openings (0.2 ->
-    0.40, 0.3 -> 0.60 of ``OPEN_GAP``) and moves the widest vowels little (0.7 -> 0.85, 1 -> 1);
-    below ``OPEN_FROM`` (a bilabial the net does not quite close: guided, its median there is
-    about 0.06) the lips stay shut. Read back from frames by the shipped face mesh, the same
+    unstressed vowels (its median mouth_open in speech is 0.26-0.34 on five voices), and a
+    mouth that shuts between every pair of syllables reads as chattering, not talking. Rising
+    ``OPEN_BOOST`` times faster at the start and flattening towards 1, the curve holds those
+    openings (0.2 -> 0.40, 0.3 -> 0.60 of ``OPEN_GAP``) and moves the widest vowels little (0.7
+    -> 0.85, 1 -> 1); below ``OPEN_FROM`` (a bilabial the net does not quite close: guided, its
+    median there is about 0.06) the lips stay shut. Read back from frames by the shipped face mesh, the same
     speech opens 0.04-0.10 face heights (median over speech frames) with a serious face
     (``docs/benchmarks.md``).
     """
