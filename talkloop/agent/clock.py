@@ -7,7 +7,10 @@ assert exact schedules instead of wall-clock thresholds.
 ``MediaClock`` maps driving-audio sample ``n`` to ``t0 + n / sample_rate``, where ``t0`` is the
 arrival of the first driving sample plus a fixed playout delay (the time a chunk needs to be
 heard, generated and published). Video frame ``j`` plays at the time of its first sample, so audio
-and video leave from one clock and cannot drift apart.
+and video leave from one clock and cannot drift apart. The clock can only jump ahead
+(``MediaClock.skip``): an early reply passes over idle media that would still have played before
+it, and from then on sample ``n`` plays at ``t0 + (n - skipped) / sample_rate``; the outputs'
+timestamps count played time, so they stay continuous across a jump.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class MediaClock:
         self.delay_s = delay_s
         self.clock: Clock = clock or RealClock()
         self.t0: float | None = None
+        self.skipped = 0  # samples passed over by ``skip``: never played
 
     def start(self, first_sample_at: float | None = None) -> None:
         """Anchor sample 0: it arrived at ``first_sample_at`` (default: now)."""
@@ -91,13 +95,20 @@ class MediaClock:
         """Clock time at which ``sample`` is played."""
         if self.t0 is None:
             raise RuntimeError("MediaClock.due before start")
-        return self.t0 + sample / self.sample_rate
+        return self.t0 + (sample - self.skipped) / self.sample_rate
 
     def sample_now(self) -> int:
         """The sample being played right now (negative before t0)."""
         if self.t0 is None:
             return -1
-        return int((self.clock.now() - self.t0) * self.sample_rate)
+        return int((self.clock.now() - self.t0) * self.sample_rate) + self.skipped
+
+    def skip(self, samples: int) -> None:
+        """Jump ahead: every sample from now on plays ``samples`` sooner, and the ``samples``
+        that would have played first are never played (the caller's outputs pass over them)."""
+        if samples < 0:
+            raise ValueError(f"a media clock only jumps ahead, not by {samples} samples")
+        self.skipped += samples
 
 
 class Lateness:

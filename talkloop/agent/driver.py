@@ -148,6 +148,8 @@ class AudioDriver:
         self.samples = 0  # driving samples produced so far (model rate)
         self.emitted_until = 0  # the audio output has emitted every sample before this
         self.started_at: float | None = None
+        # Model samples production is short of the playout delay since the clock skipped ahead.
+        self.shortfall = 0
         ring = self.playout.capacity // self.out_block + 1
         # Per produced block (a fixed ring, by block index): arrival time of its audio (latency
         # stamps), and which segment it carries and how far into it it reaches (output samples;
@@ -359,11 +361,36 @@ class AudioDriver:
             self.started_at = now
             self.clock.start(now)
         due = int(round((now - self.started_at) * self.rate)) // self.block + 1
+        due += (self.clock.skipped - self.shortfall) // self.block
         made = 0
         while self.samples // self.block < due:
             self._produce_block(now)
             made += 1
+        # Since the clock skipped ahead, production is ``shortfall`` short of the playout delay:
+        # speech that is already here goes now, and once no speech is queued or playing, idle
+        # audio fills the rest at once.
+        while self.shortfall >= self.block and (self._speech_ready() or not self._segments):
+            self._produce_block(now)
+            self.shortfall -= self.block
+            made += 1
         return made
+
+    def _speech_ready(self) -> bool:
+        """The head segment has a whole block queued (or its last samples), and may start."""
+        seg = self._segments[0] if self._segments else None
+        if seg is None or (self.hold and seg.produced == 0):
+            return False
+        return seg.queued >= self.out_block or (seg.ended and seg.queued > 0)
+
+    def skip(self, samples: int) -> None:
+        """The media clock jumps ``samples`` ahead (a multiple of the block; the played media
+        passes over idle audio): production stays where it is, short of the playout delay by
+        that much until speech that arrived ahead of time, or idle audio once none is queued,
+        makes it up (``produce_due``)."""
+        if samples % self.block:
+            raise ValueError(f"a skip of {samples} samples is not a whole number of blocks")
+        self.clock.skip(samples)
+        self.shortfall += samples
 
     def _produce_block(self, now: float) -> None:
         n, b = self.out_block, self.samples // self.block

@@ -15,10 +15,11 @@ playback events in media order) or with ``next_video()`` / ``next_audio()`` from
 
 A reply that arrives ahead of real time (an agent's TTS) starts at once: its first audio takes
 the place of idle driving audio that was produced but not yet played, the chunks made from that
-silence are made again from the reply (``Session.rewind``) and their frames withheld, so the reply
+silence are made again from the reply (``Session.rewind``) and their frames withheld, and the
+media clock jumps over the idle media still queued before it (``MediaClock.skip``), so the reply
 plays as soon as its first chunk can be generated instead of a whole playout delay later
-(``_start_reply_early``). Audio and video stay on one clock; the segment's positions count from
-where it really started.
+(``_start_reply_early``). Audio and video stay on one clock; their timestamps count played time
+(continuous across a jump); the segment's positions count from where it really started.
 
 Interrupting (``clear_buffer``) drops every unplayed sample of every queued segment, silences the
 driving audio from the next sample the audio output will emit, and withholds the frames that were
@@ -41,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
@@ -117,8 +119,8 @@ class AvatarConfig(BaseModel):
         None,
         ge=0,
         le=5000,
-        description="how far ahead of now a reply that arrives early may start; None: two recent "
-        "chunk times and a driver block (the chunk being made and the reply's first)",
+        description="how far ahead of now a reply that arrives early starts playing; None: two "
+        "recent chunk times and a driver block (the chunk being made and the reply's first)",
     )
     max_pending_speech_s: float = Field(
         120.0, gt=0, le=3600, description="speech queued ahead of playback at most (backpressure)"
@@ -203,11 +205,15 @@ class AvatarSession:
         self._audio_next = 0  # next sample the audio output emits
         self._video_next = 0  # next frame index the video output emits
         self._pending: LiveFrame | None = None
+        # The media clock's skip each output has applied (an early reply jumps it ahead).
+        self._audio_skipped = self._video_skipped = 0
+        self._idle_before = 0  # frames below this index were passed over by a jump
         self._held_since: float | None = None  # when the next reply started waiting to go early
         self.early_replies = 0  # replies that started ahead of the playout delay
         self._last_rgb = reference
         self.frames_sent = self.late_frames = self.dropped_frames = self.withheld_frames = 0
         self.overrun_frames = 0
+        self.idle_dropped_frames = 0  # idle frames an early reply's jump passed over
         self.video_lateness, self.audio_lateness = Lateness(), Lateness()
         self.driving_dropped_samples = 0
         self.error: BaseException | None = None
@@ -396,19 +402,23 @@ class AvatarSession:
             SessionClosedError: the session was closed.
         """
         await self._wait_started()
-        n = self._audio_next
+        n, skipped = self._audio_next, self.media.skipped
+        if skipped > self._audio_skipped:  # the clock jumped: the idle audio passed over goes
+            self.driver.played(n, skipped - self._audio_skipped)
+            n += skipped - self._audio_skipped
+            self._audio_skipped = skipped
         due = self.media.due(n)
+        pts = self.driver.out_index(n - skipped)  # played time: continuous across a jump
         await self.clock.sleep_until(due)
         if self.closed:
             raise SessionClosedError("the avatar session is closed")
         self.audio_lateness.add(self.clock.now() - due)
         # Read after the sleep: an interrupt during it has silenced these samples already.
-        out = self.driver.out_index(n)
-        samples = self.driver.playout.read(out, self.driver.out_block)
+        samples = self.driver.playout.read(self.driver.out_index(n), self.driver.out_block)
         segment = self.driver.segment_of(n)
         self._audio_next = n + self.block
         events = self.driver.played(n, self.block)
-        frame = AudioFrame.from_float(samples, self.sample_rate, pts=out, segment_id=segment)
+        frame = AudioFrame.from_float(samples, self.sample_rate, pts=pts, segment_id=segment)
         self._dispatch(events)
         return frame
 
@@ -426,13 +436,20 @@ class AvatarSession:
             SessionClosedError: the session was closed.
         """
         await self._wait_started()
-        j = self._video_next
+        j, skipped = self._video_next, self.media.skipped
+        if skipped > self._video_skipped:  # the clock jumped (whole frames): they are idle
+            passed = (skipped - self._video_skipped) * self.info.fps // self.info.sample_rate
+            j += passed
+            self.idle_dropped_frames += passed
+            self._idle_before = j  # frames made for them, if any, are not counted as dropped
+            self._video_skipped = skipped
         now = self.clock.now()
         while self.media.due(self.info.frame_pts(j + 1)) <= now:
             j += 1
             self.overrun_frames += 1
-        pts = self.info.frame_pts(j)
-        due = self.media.due(pts)
+        media_pts = self.info.frame_pts(j)
+        due = self.media.due(media_pts)
+        pts = self.driver.out_index(media_pts - skipped)  # played time, like the audio's
         await self.clock.sleep_until(due)
         if self.closed:
             raise SessionClosedError("the avatar session is closed")
@@ -444,8 +461,7 @@ class AvatarSession:
             self._last_rgb = live.rgb
         self._video_next = j + 1
         self.frames_sent += 1
-        out = self.driver.out_index(pts)
-        return VideoFrame(self._last_rgb, j, out, self.sample_rate, held=live is None)
+        return VideoFrame(self._last_rgb, j, pts, self.sample_rate, held=live is None)
 
     async def stream(self) -> AsyncIterator[VideoFrame | AudioFrame | PlaybackEvent]:
         """Video frames, audio frames and playback events, in media order, paced in real time.
@@ -485,7 +501,9 @@ class AvatarSession:
         """
         took = self.session.stats.chunk_seconds or 0.0
         lookahead = self.pipeline.lookahead_samples / self.model_rate
-        budget = self.playout_s - lookahead - took - 1 / self.info.fps
+        # Since an early reply's jump, production may run short of the playout delay.
+        playout = self.playout_s - self.driver.shortfall / self.model_rate
+        budget = playout - lookahead - took - 1 / self.info.fps
         return min(self.config.max_lag_ms / 1000, max(BLOCK_S, budget))
 
     # -- figures -----------------------------------------------------------------------------------
@@ -500,6 +518,7 @@ class AvatarSession:
             "withheld_frames": self.withheld_frames,
             "early_replies": self.early_replies,
             "overrun_frames": self.overrun_frames,
+            "idle_dropped_frames": self.idle_dropped_frames,
             "skipped_frames": s.skipped_frames,
             "frames_generated": s.frames,
             "rtf": round(s.generate_seconds / media, 3) if s.frames else None,
@@ -558,8 +577,9 @@ class AvatarSession:
                 self.withheld_frames += 1
                 continue
             if self._pending.index < j:
+                if self._pending.index >= self._idle_before:
+                    self.dropped_frames += 1
                 self._pending = None
-                self.dropped_frames += 1
                 continue
             if self._pending.index == j:
                 frame, self._pending = self._pending, None
@@ -584,18 +604,25 @@ class AvatarSession:
             await self.clock.sleep_until(start + k * BLOCK_S)
 
     def _start_reply_early(self) -> None:
-        """Start the next reply in the past of the clock, if its audio is here ahead of time.
+        """Start the next reply at once, if its audio is here ahead of time.
 
-        The driving audio produced since the reply arrived (and a little before) is idle: it
-        plays ``playout_delay`` after it was produced. The earliest chunk start whose frames
-        play at least ``lead`` from now (two recent chunk times and a block: the chunk being
-        made and this one) becomes the reply's first sample, provided every block from there on
-        is idle and the reply has queued audio for all of them plus the look-ahead. The reply
-        waits for that much audio up to ``REPLY_HOLD_S``, then takes the earliest start its audio
-        fills, or starts as it would have. (Sent at ``v`` times real time, a reply that waits
-        ``x`` for audio and starts ``d`` ahead needs ``v x >= playout - d + lookahead``: at 2x, a
-        220 ms playout delay and an 80 ms lead it starts about 170 ms after it arrived at best,
-        at 10x about 110.)
+        The driving audio produced but not yet played is idle, and a reply behind it would wait
+        the whole playout delay. A reply that arrives faster than real time takes its place from
+        a chunk start ``s`` on (``AudioDriver.rewrite``; the session makes the chunks from ``s``
+        again, from the reply: ``Session.rewind``). When everything not yet played is idle, the
+        media clock jumps ahead (``AudioDriver.skip``) so that ``s`` plays ``lead`` from now (two
+        recent chunk times and a block: the chunk being made and the reply's first): the idle
+        frames and audio before it that would still have played are passed over. ``s`` is then
+        the latest chunk start before which every frame is made (a later one would leave frames
+        to play before the reply that nobody made in time), which needs the least audio up
+        front: from ``s`` to what was produced, plus the look-ahead. Without a jump (a reply still
+        playing out), ``s`` must play at least ``lead`` from now, and the earliest such start
+        plays soonest. The reply waits up to ``REPLY_HOLD_S`` for its audio to fill the start
+        that plays soonest, then takes the best start it fills, or starts on the clock. (A reply
+        that jumps needs the audio from ``s`` to what was produced plus the look-ahead, at least
+        a chunk and the look-ahead: with 2-frame chunks and a 40 ms look-ahead, 100-160 ms, which
+        a reply sent at 2x real time fills in 50-80 ms; it then plays between the lead and a
+        chunk more after that, as the chunk starts fall.)
         """
         seg = self.driver.unstarted_speech()
         if seg is None:
@@ -613,25 +640,38 @@ class AvatarSession:
         )
         queued = seg.queued * rate // self.sample_rate  # model samples
         produced = self.driver.samples
-        points = [
-            (f, s)
-            for f in self.session.rewind_points()
-            if (s := frame_start_sample(f, info.fps, rate)) < produced
-            and self.media.due(s) >= now + lead
-            and self.driver.idle_from(s)
-        ]
-        # Earliest first: the earliest plays soonest but needs the most queued audio.
-        enough = [
-            (f, s) for f, s in points if produced - s + self.pipeline.lookahead_samples <= queued
-        ]
+        jump = self.driver.idle_from(self._audio_next)  # nothing still to play is speech
+        made = frame_start_sample(self.session.made_until, info.fps, rate)
+
+        def plays_at(s: int) -> float:
+            # With a jump: the lead from now, and after the frames before it not made yet.
+            due = self.media.due(s)
+            return min(due, now + lead + max(0, s - made) / rate) if jump else due
+
+        points = sorted(
+            (
+                (plays_at(s), -s, f, s)
+                for f in self.session.rewind_points()
+                if (s := frame_start_sample(f, info.fps, rate)) < produced
+                and self.media.due(s) >= now + lead
+                and self.driver.idle_from(s)
+            ),
+        )  # the soonest first; of equals, the latest start (it needs the least audio)
+        enough = [p for p in points if produced - p[3] + self.pipeline.lookahead_samples <= queued]
         timed_out = now - self._held_since >= REPLY_HOLD_S
-        # The earliest start plays soonest: wait (up to REPLY_HOLD_S) until the reply's audio
-        # fills it, as it arrives faster than it plays; then take the earliest one filled.
         if enough and (enough[0] == points[0] or timed_out):
-            frame, start = enough[0]
+            at, _, frame, start = enough[0]
+            # The jump passes over idle audio only (the audio output may be emitting the block
+            # before ``_audio_next`` still), by whole blocks and whole frames: both outputs'
+            # timestamps stay on their grids.
+            step = math.lcm(self.block, rate // math.gcd(rate, info.fps))
+            skip = int((self.media.due(start) - at) * rate + 1e-6)
+            skip = max(0, min(skip, start - self._audio_next - self.block)) // step * step
             model = resample(self.driver.rewrite(start), self.sample_rate, rate)
             model = np.pad(model, (0, max(0, produced - start - model.shape[0])))
             self._new_epoch(self.session.rewind(frame, model[: produced - start]), start)
+            if skip > 0:
+                self.driver.skip(skip)
             self.early_replies += 1
             self.driver.hold, self._held_since = False, None
         elif timed_out or not points:

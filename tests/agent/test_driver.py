@@ -1,4 +1,5 @@
-"""AudioDriver: microphone backlog is worked off in quiet stretches, never in speech."""
+"""AudioDriver: microphone backlog is worked off in quiet stretches, never in speech; a skip of the
+media clock leaves production short until speech or idle audio makes it up."""
 
 from __future__ import annotations
 
@@ -46,3 +47,33 @@ def test_speech_backlog_is_never_trimmed() -> None:
         driver.produce_due(clock.now())
     np.testing.assert_array_equal(np.concatenate(pushed), speech)  # every sample, in order
     assert driver.mic_trimmed_samples == 0
+
+
+def test_a_skip_plays_sooner_and_production_makes_up_the_shortfall() -> None:
+    driver, pushed, clock = make_driver()
+    driver.produce_due(clock.now())
+    clock.advance(0.1)
+    driver.produce_due(clock.now())
+    made = driver.samples
+    due = driver.clock.due(made)
+    with pytest.raises(ValueError, match="whole number of blocks"):
+        driver.skip(BLOCK // 2)
+    with pytest.raises(ValueError, match="only jumps ahead"):
+        driver.clock.skip(-BLOCK)
+    driver.skip(4 * BLOCK)
+    assert driver.clock.due(made) == pytest.approx(due - 4 * BLOCK / RATE)
+    assert driver.clock.sample_now() == pytest.approx((0.1 - 0.4) * RATE + 4 * BLOCK, abs=1)
+    # Nothing queued: idle audio fills the shortfall at the next tick.
+    driver.produce_due(clock.now())
+    assert driver.shortfall == 0 and driver.samples == made + 4 * BLOCK
+
+    # Speech queued but still open and short of a block: production waits for it, short.
+    driver.skip(2 * BLOCK)
+    out_block = driver.out_block
+    driver.push_speech(np.zeros(out_block // 2, np.float32) + 0.1)
+    before = driver.samples
+    driver.produce_due(clock.now())
+    assert driver.samples == before and driver.shortfall == 2 * BLOCK
+    driver.push_speech(np.zeros(3 * out_block, np.float32) + 0.1)
+    driver.produce_due(clock.now())  # speech that is here goes at once
+    assert driver.shortfall == 0 and driver.samples == before + 2 * BLOCK

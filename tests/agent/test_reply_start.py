@@ -24,26 +24,33 @@ PLAYOUT_MS = 400
 LEAD_MS = 60  # the reply's lead, fixed: the measured one follows the machine's speed
 
 
+def open_avatar(pipeline):
+    """An avatar on a manual clock with a fixed lead, started, and a consumer taking its output
+    into ``out`` as ``(time, item)``."""
+    clock = ManualClock()
+    cfg = AvatarConfig(playout_delay_ms=PLAYOUT_MS, reply_lead_ms=LEAD_MS)
+    avatar = AvatarSession(pipeline, make_reference(), config=cfg, clock=clock)
+    avatar.start()
+    out: list = []
+    consumer = asyncio.create_task(drain(avatar, out, clock))
+    return clock, avatar, out, consumer
+
+
+def send_reply(avatar, reply: np.ndarray) -> None:
+    """All of it at once, in 20 ms frames, as a fast TTS sends it; then the segment's end."""
+    for i in range(0, reply.shape[0], RATE // 50):
+        avatar.push_audio(pcm_frame(reply[i : i + RATE // 50], RATE))
+    avatar.end_of_segment()
+
+
 def play_a_reply(pipeline, idle_s: float):
     reply = tone(int(0.8 * RATE), RATE, hz=300.0, amp=0.4)
 
     async def body():
-        clock = ManualClock()
-        avatar = AvatarSession(
-            pipeline,
-            make_reference(),
-            config=AvatarConfig(playout_delay_ms=PLAYOUT_MS, reply_lead_ms=LEAD_MS),
-            clock=clock,
-        )
-        avatar.start()
-        out: list = []
-
-        consumer = asyncio.create_task(drain(avatar, out, clock))
+        clock, avatar, out, consumer = open_avatar(pipeline)
         await advance(avatar, clock, idle_s)  # the avatar idles: silence produced, frames made
         pushed_at = clock.now()
-        for i in range(0, reply.shape[0], RATE // 50):  # all at once, as a fast TTS sends it
-            avatar.push_audio(pcm_frame(reply[i : i + RATE // 50], RATE))
-        avatar.end_of_segment()
+        send_reply(avatar, reply)
         await advance(avatar, clock, 1.6)
         consumer.cancel()
         await avatar.close()
@@ -58,11 +65,10 @@ def test_a_reply_ahead_of_real_time_plays_before_the_playout_delay(live_pipeline
     video = [(t, f) for t, f in out if isinstance(f, VideoFrame)]
     seg = [(t, f) for t, f in audio if f.segment_id == 0]
     assert avatar.early_replies == 1
-    # It plays well before the playout delay would have let it: at the first chunk start at
-    # least the lead from now (so within one chunk of the live schedule after the lead).
+    # It plays the lead after it arrived (and a block or two of ticks), well before the playout
+    # delay would have let it: the clock jumped over the idle media queued before it.
     waited = seg[0][0] - pushed_at
-    chunk_s = live_pipeline.config.schedule.n_len / 25
-    assert LEAD_MS / 1000 <= waited + 1e-9 <= LEAD_MS / 1000 + chunk_s + 0.02 < PLAYOUT_MS / 1000
+    assert LEAD_MS / 1000 <= waited + 1e-9 <= LEAD_MS / 1000 + 0.04 < PLAYOUT_MS / 1000
     # Whole and in order: the segment's samples are the reply, resampled once, nothing missing.
     played = np.concatenate([np.frombuffer(f.data, "<i2") for _, f in seg]).astype(np.float32)
     sent = np.rint(np.clip(resample(reply, RATE, OUT), -1, 1) * 32767)
@@ -70,12 +76,17 @@ def test_a_reply_ahead_of_real_time_plays_before_the_playout_delay(live_pipeline
     assert np.abs(played[: sent.shape[0]] - sent).max() <= 4
     # One clock: audio blocks and frames each on their own grid, every one at its media time.
     t0 = avatar.media.t0
+    # The clock jumped over idle media: timestamps count played time, so they stay continuous;
+    # the frame indices pass over exactly the idle frames the jump dropped.
     assert [f.pts for _, f in audio] == [960 * k for k in range(len(audio))]
-    assert [f.index for _, f in video] == list(range(len(video)))
+    assert [f.pts for _, f in video] == [1920 * k for k in range(len(video))]
+    indices = [f.index for _, f in video]
+    assert indices == sorted(set(indices))
+    assert indices[-1] + 1 - len(indices) == avatar.idle_dropped_frames > 0
     for t, f in audio + video:
         assert t0 + f.pts / OUT <= t + 1e-9
-    # The frames made from the silence the reply replaced were withheld, not shown.
-    assert avatar.withheld_frames > 0
+    # Only idle frames were passed over: no frame was dropped late, none was missing.
+    assert avatar.dropped_frames == 0 and not any(f.held for _, f in video)
     # The agent's events: started as its first block played, finished at its exact length.
     events = [f for _, f in out if isinstance(f, PlaybackStarted | PlaybackFinished)]
     assert [type(e) for e in events] == [PlaybackStarted, PlaybackFinished]
@@ -93,34 +104,78 @@ def test_the_reply_is_lip_synced_from_its_first_frame(live_pipeline) -> None:
     assert shown and not any(f.held for f in shown[:10])  # no frame of the old silence, no gap
 
 
-def test_an_interrupt_right_after_an_early_start_leaves_no_reply_behind(live_pipeline) -> None:
-    """Interrupted before the session went back (the rewind pending): neither the reply's audio
-    nor frames made from it are played after the interrupt."""
-    reply = tone(int(0.8 * RATE), RATE, hz=300.0, amp=0.4)
+def interrupt_a_reply(pipeline, seconds: float, after_s: float):
+    """Idle 1 s, send a reply of ``seconds``, interrupt it ``after_s`` later (0: at its early
+    start, before generation ran); returns what was emitted, the interrupt's events, and the
+    early starts and the clock's skip at the interrupt."""
+    reply = tone(int(seconds * RATE), RATE, hz=300.0, amp=0.4)
 
     async def body():
-        clock = ManualClock()
-        cfg = AvatarConfig(playout_delay_ms=PLAYOUT_MS, reply_lead_ms=LEAD_MS)
-        avatar = AvatarSession(live_pipeline, make_reference(), config=cfg, clock=clock)
-        avatar.start()
-        out: list = []
-
-        consumer = asyncio.create_task(drain(avatar, out, clock))
+        clock, avatar, out, consumer = open_avatar(pipeline)
         await advance(avatar, clock, 1.0)
-        for i in range(0, reply.shape[0], RATE // 50):
-            avatar.push_audio(pcm_frame(reply[i : i + RATE // 50], RATE))
-        avatar.end_of_segment()
-        avatar._start_reply_early()  # the next tick's early start, before generation runs
-        assert avatar.early_replies == 1
+        send_reply(avatar, reply)
+        if after_s:
+            await advance(avatar, clock, after_s)
+        else:
+            avatar._start_reply_early()  # the next tick's early start, before generation runs
+        early, skipped = avatar.early_replies, avatar.media.skipped
         finished = avatar.clear_buffer()
         await advance(avatar, clock, 1.0)
         consumer.cancel()
         await avatar.close()
-        return out, finished
+        return [f for _, f in out if isinstance(f, AudioFrame)], finished, early, skipped
 
-    out, finished = run(body(), 240)
+    return run(body(), 240)
+
+
+def test_an_interrupt_right_after_an_early_start_leaves_no_reply_behind(live_pipeline) -> None:
+    """Interrupted before the session went back (the rewind pending): neither the reply's audio
+    nor frames made from it are played after the interrupt."""
+    audio, finished, early, _ = interrupt_a_reply(live_pipeline, 0.8, after_s=0)
+    assert early == 1
     assert [f.interrupted for f in finished] == [True] and finished[0].position_ms == 0
-    audio = [f for _, f in out if isinstance(f, AudioFrame)]
     assert not any(f.segment_id == 0 for f in audio)  # nothing of the reply was played
     played = np.concatenate([np.frombuffer(f.data, "<i2") for f in audio])
     assert np.abs(played).max() == 0  # silence throughout: the avatar stayed idle
+
+
+def test_a_second_reply_queued_behind_one_that_plays_does_not_jump(live_pipeline) -> None:
+    """The clock jumps only over idle media: a reply that arrives while another still plays
+    follows it on the clock, and once both have played the idle audio makes the playout delay
+    whole again."""
+    reply = tone(int(0.6 * RATE), RATE, hz=300.0, amp=0.4)
+
+    async def body():
+        clock, avatar, out, consumer = open_avatar(live_pipeline)
+        await advance(avatar, clock, 1.0)
+        skips = []
+        for _ in range(2):
+            send_reply(avatar, reply)
+            await advance(avatar, clock, 0.3)  # the first reply plays when the second arrives
+            skips.append(avatar.media.skipped)
+        await advance(avatar, clock, 2.0)
+        consumer.cancel()
+        await avatar.close()
+        return avatar, out, skips
+
+    avatar, out, skips = run(body(), 240)
+    assert skips[0] > 0 and skips[1] == skips[0]  # one jump, for the first reply only
+    assert avatar.driver.shortfall == 0
+    audio = [f for _, f in out if isinstance(f, AudioFrame)]
+    ids = [f.segment_id for f in audio if f.segment_id is not None]
+    assert ids == sorted(ids) and set(ids) == {0, 1}
+    # Back to back: the second reply's first block follows the first reply's last one.
+    last0 = max(k for k, f in enumerate(audio) if f.segment_id == 0)
+    first1 = min(k for k, f in enumerate(audio) if f.segment_id == 1)
+    assert first1 == last0 + 1
+    events = [f for _, f in out if isinstance(f, PlaybackFinished)]
+    assert [e.interrupted for e in events] == [False, False]
+
+
+def test_an_interrupt_after_a_jump_reports_the_position_played(live_pipeline) -> None:
+    audio, finished, _, skipped = interrupt_a_reply(live_pipeline, 1.5, after_s=0.5)
+    assert skipped > 0
+    played = sum(len(f.data) // 2 for f in audio if f.segment_id == 0)
+    assert 0 < played < 1.5 * OUT
+    assert [f.interrupted for f in finished] == [True]
+    assert finished[0].position_ms == int(1000 * played / OUT)

@@ -205,6 +205,13 @@ class Session:
             k += 1
         return points or [self.state.frames_published]
 
+    @property
+    def made_until(self) -> int:
+        """The frames before this one are made (published or skipped); the chunk from it on,
+        if it is being made, is not done yet."""
+        with self._cond:
+            return self.state.frames_published
+
     def rewind(self, frame: int, audio: np.ndarray) -> int:
         """Make the chunks from ``frame`` (one of :meth:`rewind_points`) again, on new audio.
 
