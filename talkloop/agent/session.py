@@ -232,7 +232,7 @@ class AvatarSession:
         self.driver.produce_due(self.clock.now())  # anchors the media clock now
         self._loop = asyncio.get_running_loop()
         self._stream = self.engine.add(
-            self.session, self._deadline, self.lag_budget, self._generation_failed
+            self.session, self._deadline, self.lag_budget, self._generation_failed, self.clock.now
         )
         self._tasks.append(asyncio.get_running_loop().create_task(self._tick()))
 
@@ -527,6 +527,7 @@ class AvatarSession:
             # what computes the frames: {"backend", "dtype", "int8"} (talkloop/pipeline/backends/report.py)
             "runtime": describe(self.pipeline.modules, self.pipeline.compute_dtype),
             "playout_delay_ms": round(self.playout_s * 1000),
+            "engine": self.engine.figures(),  # the process's live engine, every call together
             "av_offset_ms": av_offset_ms(self.video_lateness, self.audio_lateness),
             "queue_depth": self.frames.depth,
             "speech_pending_s": round(self.pending_s, 2),

@@ -79,7 +79,6 @@ class CallResult:
     video_pts: list[int] = field(default_factory=list)  # 90 kHz
     stamps_latency_ms: list[float] = field(default_factory=list)
     stamps_unreadable: int = 0  # frames sent without a stamp (e.g. the idle frame) or blurred
-    frame_means: list[float] = field(default_factory=list)  # mean of a centre patch per frame
     audio_times: list[float] = field(default_factory=list)  # arrival per audio frame
     audio_pts: list[int] = field(default_factory=list)
     audio_rms: list[float] = field(default_factory=list)
@@ -137,20 +136,17 @@ async def run_call(
             except MediaStreamError:
                 return
             now = time.monotonic()
-            rgb = frame.to_ndarray(format="rgb24")
             result.video_times.append(now)
             result.video_pts.append(int(frame.pts))
-            h, w = rgb.shape[:2]
-            result.frame_means.append(float(rgb[h // 3 : 2 * h // 3, w // 3 : 2 * w // 3].mean()))
-            if read_stamps:
-                sent_ms = read_stamp(rgb)
+            if read_stamps:  # from the decoded luma: no conversion to RGB per frame
+                sent_ms = read_stamp(luma(frame))
                 if sent_ms is None:
                     result.stamps_unreadable += 1
                 else:
                     now_ms = int(time.time() * 1000) & 0xFFFFFFFF
                     result.stamps_latency_ms.append(float((now_ms - sent_ms) & 0xFFFFFFFF))
             if len(result.frames) < keep_frames:
-                result.frames.append(rgb)
+                result.frames.append(frame.to_ndarray(format="rgb24"))
 
     async def read_audio(track) -> None:
         while True:
@@ -217,6 +213,14 @@ async def run_call(
     for t in tasks:
         t.cancel()
     return result
+
+
+def luma(frame: av.VideoFrame) -> np.ndarray:
+    """(H, W) uint8 brightness of a decoded frame: its Y plane (what decoders give, yuv420p),
+    else the mean of its RGB."""
+    if frame.format.name == "yuv420p":
+        return frame.to_ndarray()[: frame.height]
+    return frame.to_ndarray(format="rgb24").mean(axis=2)
 
 
 def wait_serving(base_url: str, server: subprocess.Popen, timeout: float) -> float:

@@ -93,8 +93,8 @@ def stamp_bits(rgb: np.ndarray, value: int) -> np.ndarray:
 
 
 def read_stamp(rgb: np.ndarray) -> int | None:
-    """Inverse of ``stamp_bits`` on a decoded (lossy) frame; None when the frame carries no
-    readable stamp (some bit and its complement agree)."""
+    """Inverse of ``stamp_bits`` on a decoded (lossy) frame, (H, W, 3) RGB or its (H, W) luma;
+    None when the frame carries no readable stamp (some bit and its complement agree)."""
     bw, bh = _stamp_blocks(*rgb.shape[:2])
     my, mx = bh // 4, bw // 4  # read the block's centre: its edges blur in the codec
     bits = []

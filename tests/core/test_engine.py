@@ -53,12 +53,24 @@ class Timed:
         return self.offset + frame / 25 + PLAYOUT_S
 
 
-def simulate(sessions: list[Timed], now: list[float], cost_s: float, seconds: float, **kw):
-    """Run the engine's policy with every chunk costing ``cost_s`` of clock time."""
+def simulate(
+    sessions: list[Timed],
+    now: list[float],
+    cost_s: float,
+    seconds: float,
+    batch_s: float = 0.0,
+    log: list | None = None,
+    **kw,
+):
+    """Run the engine's policy with every batch costing ``batch_s`` plus ``cost_s`` per chunk
+    of clock time; ``log`` gets (start, end, [(session, deadline of its chunk)]) per turn."""
     order: list[str] = []
 
     def step(batch, pool):
-        now[0] += cost_s * len(batch)
+        start = now[0]
+        now[0] += batch_s + cost_s * len(batch)
+        if log is not None:
+            log.append((start, now[0], [(s, s.deadline(s.next * 3)) for s in batch]))
         for s in batch:
             order.append(s.name)
             s.next += 1
@@ -66,15 +78,21 @@ def simulate(sessions: list[Timed], now: list[float], cost_s: float, seconds: fl
         return [3] * len(batch)
 
     engine = Engine(step=step, **kw)
+
+    def clock() -> float:  # one clock object for every session: they may be gathered
+        return now[0]
+
     for s in sessions:
         # The lag bound of a live call: what still shows part of the chunk (AvatarSession).
         bound = PLAYOUT_S - cost_s - 1 / 25
         engine._streams.append(
-            Stream(s, s.deadline, lambda b=bound: b, lambda err: pytest.fail(str(err)))
+            Stream(s, s.deadline, lambda b=bound: b, lambda err: pytest.fail(str(err)), clock)
         )
     while now[0] < seconds:
+        engine._look_again = float("inf")
         if not engine.run_once():
-            now[0] = min(s._audio_until(s.next) for s in sessions)
+            waiting = [s._audio_until(s.next) for s in sessions if not s.ready()]
+            now[0] = min([*waiting, engine._look_again])
     return order
 
 
@@ -103,6 +121,41 @@ def test_five_calls_on_a_budget_for_three_lose_the_same_share() -> None:
     assert shares.sum() == pytest.approx(3.0, abs=0.1)
     assert shares.max() - shares.min() <= 0.05, shares
     assert min(total) >= 490  # every call's timeline kept up with real time (500 chunks)
+
+
+def test_calls_that_joined_apart_are_gathered_into_batches_and_none_is_late() -> None:
+    """Four calls whose chunks' audio completes 30 ms apart: each ready chunk waits, until its
+    latest start, for the others; a batch costs little more than one chunk (as the motion net's
+    does), so the engine computes far less than running each chunk as it comes, and no chunk
+    starts so late that it misses its deadline."""
+
+    def run(max_batch: int) -> tuple[list, float]:
+        now, log = [0.0], []
+        calls = [Timed(f"c{i}", now, object(), 0.03 * i) for i in range(4)]
+        for c in calls:
+            c.pipeline = calls[0].pipeline
+        simulate(calls, now, 0.005, 30.0, batch_s=0.02, log=log, max_batch=max_batch)
+        return log, sum(end - start for start, end, _ in log)
+
+    alone, busy_alone = run(max_batch=1)
+    gathered, busy = run(max_batch=8)
+    sizes = np.array([len(chunks) for *_, chunks in gathered])
+    assert sizes.mean() >= 3.5, np.bincount(sizes)
+    assert busy <= 0.5 * busy_alone
+    for log in (alone, gathered):
+        late = [(end, due) for _, end, chunks in log for _, due in chunks if end > due]
+        assert not late
+    # every chunk still ran: the four timelines kept up with real time (250 chunks each)
+    assert sum(len(chunks) for *_, chunks in gathered) >= 4 * 245
+
+
+def test_a_lone_call_never_waits() -> None:
+    now, log = [0.0], []
+    call = Timed("c", now, object())
+    simulate([call], now, 0.005, 10.0, batch_s=0.02, log=log)
+    starts = np.array([start for start, *_ in log])
+    ready = np.array([call.offset + (k + 1) * CHUNK_S for k in range(len(starts))])
+    np.testing.assert_allclose(starts, ready)
 
 
 def test_a_batch_of_sessions_makes_the_frames_each_makes_alone(tiny_modules, speech) -> None:

@@ -24,6 +24,7 @@ from talkloop.rtc.encoder import (
     X264_THREADS,
     AvatarH264Encoder,
     avatar_encoder,
+    rgb_to_i420,
     use_avatar_encoder,
 )
 from talkloop.rtc.peer import Peer
@@ -87,6 +88,24 @@ def test_frames_come_back_through_rtp_packets_at_low_cpu_settings() -> None:
     assert settings["threads"] == str(X264_THREADS) == "1"
     assert settings["bitrate"] == str(enc.target_bitrate // 1000)  # aiortc's target, kbit/s
     assert psnr(np.stack(got), np.stack(frames)) > 35
+
+
+def test_frames_reach_x264_as_the_picture_swscale_would_give_it() -> None:
+    """Our RGB -> I420 (OpenCV) against swscale's, which x264 got before: the same luma within
+    one level, chroma (the mean of each 2x2 block) within a few, and as close to the RGB."""
+    rgb = np.ascontiguousarray(talking_frames(3)[2])
+    h, w = rgb.shape[:2]
+    ours = rgb_to_i420(rgb)
+    sws = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p").to_ndarray()
+    assert ours.shape == sws.shape == (h * 3 // 2, w) and ours.dtype == np.uint8
+    diff = np.abs(ours.astype(int) - sws)
+    assert diff[:h].max() <= 1
+    assert diff[h:].mean() < 0.5 and diff[h:].max() <= 8
+    back = [
+        av.VideoFrame.from_ndarray(x, format="yuv420p").to_ndarray(format="rgb24")
+        for x in (ours, sws)
+    ]
+    assert psnr(back[0], rgb) >= psnr(back[1], rgb) - 0.2
 
 
 def test_keyframe_requests_and_bitrate_changes_still_act() -> None:

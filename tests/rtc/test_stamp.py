@@ -6,10 +6,13 @@ import av
 import numpy as np
 import pytest
 
+from talkloop.rtc.client import luma
 from talkloop.rtc.tracks import read_stamp, stamp_bits
 
 
-def h264_round_trip(frames: list[np.ndarray]) -> list[np.ndarray]:
+def h264_round_trip(frames: list[np.ndarray], as_rgb: bool = True) -> list[np.ndarray]:
+    """The frames through x264 and back: decoded RGB, or the luma the scripted
+    client reads (``as_rgb`` False)."""
     h, w = frames[0].shape[:2]
     enc = av.CodecContext.create("libx264", "w")
     enc.width, enc.height, enc.pix_fmt = w, h, "yuv420p"
@@ -21,7 +24,7 @@ def h264_round_trip(frames: list[np.ndarray]) -> list[np.ndarray]:
         packets += enc.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24"))
     packets += enc.encode(None)
     for p in packets:
-        out += [f.to_ndarray(format="rgb24") for f in dec.decode(p)]
+        out += [f.to_ndarray(format="rgb24") if as_rgb else luma(f) for f in dec.decode(p)]
     return out
 
 
@@ -31,7 +34,8 @@ def test_stamps_read_back_through_h264_and_unstamped_frames_read_none() -> None:
     photo = rng.integers(0, 256, (512, 512, 3), dtype=np.uint8)
     values = [0, 0xFFFFFFFF, 0x12345678, 4_000_000_000, 123]
     sent = [stamp_bits(photo, v) for v in values] + [photo]
-    got = [read_stamp(rgb) for rgb in h264_round_trip(sent)]
-    assert got == [*values, None]
+    for as_rgb in (True, False):
+        got = [read_stamp(frame) for frame in h264_round_trip(sent, as_rgb)]
+        assert got == [*values, None]
     # a blank frame (e.g. all black before the first one) is no stamp either
     assert read_stamp(np.zeros((512, 512, 3), np.uint8)) is None

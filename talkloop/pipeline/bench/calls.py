@@ -61,6 +61,8 @@ def one_call(data: dict) -> dict:
         "overrun_frames": overrun,
         "skipped_frames": stats.get("skipped_frames") or 0,
         "rtf": stats.get("rtf"),
+        # chunks per turn of the server's engine (above 1: calls shared the motion net's forward)
+        "chunks_per_turn": (stats.get("engine") or {}).get("chunks_per_turn"),
         # every frame slot of the call that did not show a new frame on time
         "late_pct": round(100 * (late + overrun) / slots, 2) if slots else 100.0,
         "arrival_fps": round((len(t) - 1) / (t[-1] - t[0]), 2) if len(t) > 1 else 0.0,
@@ -123,7 +125,8 @@ def measure_calls(
                 f"{n} call(s), call {i + 1}: {c['late_pct']} % late or missed "
                 f"({c['late_frames']} late, {c['overrun_frames']} overrun of "
                 f"{c['frames_sent'] + c['overrun_frames']} slots), skipped {c['skipped_frames']}, "
-                f"arrival {c['arrival_fps']} fps, rtf {c['rtf']}, errors {len(c['errors'])}",
+                f"arrival {c['arrival_fps']} fps, rtf {c['rtf']}, "
+                f"chunks per turn {c['chunks_per_turn']}, errors {len(c['errors'])}",
                 flush=True,
             )
         if not level["passed"]:

@@ -15,6 +15,15 @@ a chunk. Each turn the engine
    renderers run side by side on ``publish_workers`` threads);
 3. waits for audio when no session is ready.
 
+**Gathering.** A batch of four chunks costs the motion net little more than one (it is bound by
+dispatch, not arithmetic: docs/benchmarks.md), but calls that joined at different moments have
+their chunks' audio complete at different moments. So a ready batch that could still grow (other
+sessions of its pipeline, on the same clock, are not in it) waits for them until its *latest
+start*: the earliest deadline in it less a reserve, the longest turn of the last ``TURN_HISTORY``
+(timed on that clock) plus ``GATHER_MARGIN_S``. Whoever becomes ready meanwhile joins it. A lone call
+never waits (there is nobody to gather), nor does a batch that is full, nor anything before the
+engine has timed a turn; under overload the latest start has passed and the batch runs at once.
+
 It runs these turns on one worker thread per core, each taking sessions no other worker is
 running: sessions whose chunks come due together share one batch, the others run side by side.
 
@@ -33,6 +42,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +53,9 @@ from talkloop.pipeline.core.session import Session, step_sessions
 log = logging.getLogger("talkloop.engine")
 
 WAIT_S = 0.02  # longest sleep without a wake-up: one driving block
+TURN_HISTORY = 32  # turns whose compute time sets the gathering reserve
+TURN_QUANTILE = 0.9  # of those, the one that does (their longest would be one stall)
+GATHER_MARGIN_S = 0.02  # what a gathered batch's start may still slip by (a wake-up, a tick)
 
 
 @dataclass(eq=False)
@@ -52,6 +66,7 @@ class Stream:
     deadline: Callable[[int], float]
     max_lag_s: Callable[[], float]
     on_error: Callable[[BaseException], None]
+    now: Callable[[], float] = time.monotonic  # the clock of ``deadline``
     running: bool = False
     ended: bool = False
     deficit: int = 0  # chunks it gave up while in the engine (fairness under overload)
@@ -83,14 +98,19 @@ class Engine:
         self.step = step
         self.max_batch = max_batch
         self.name = name
-        workers = publish_workers or len(os.sched_getaffinity(0))
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"{name}-publish")
+        cores = len(os.sched_getaffinity(0))
+        self._pool = ThreadPoolExecutor(
+            publish_workers or cores, thread_name_prefix=f"{name}-publish"
+        )
         self._cond = threading.Condition()
         self._streams: list[Stream] = []
-        self.workers = workers or len(os.sched_getaffinity(0))
+        self.workers = workers or cores
         self._threads: list[threading.Thread] = []
         self.batches = 0  # turns that ran more than one session's chunk in one batch
         self.turns = 0
+        self.batched_chunks = 0  # chunks that ran in those turns
+        self._turn_s: deque[float] = deque(maxlen=TURN_HISTORY)  # compute time of recent turns
+        self._look_again = float("inf")  # on the held batch's clock: when to look again
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -100,9 +120,11 @@ class Engine:
         deadline: Callable[[int], float],
         max_lag_s: Callable[[], float],
         on_error: Callable[[BaseException], None],
+        now: Callable[[], float] = time.monotonic,
     ) -> Stream:
-        """Run ``session``'s chunks from now on, until :meth:`remove` or its audio ends."""
-        stream = Stream(session, deadline, max_lag_s, on_error)
+        """Run ``session``'s chunks from now on, until :meth:`remove` or its audio ends.
+        ``now``: the clock of ``deadline`` (sessions on one clock are gathered into batches)."""
+        stream = Stream(session, deadline, max_lag_s, on_error, now)
         session.listeners.append(self.wake)
         with self._cond:
             # A newcomer starts level with the least deprived: no head start over the others.
@@ -157,28 +179,70 @@ class Engine:
             return False
         ready.sort(key=lambda item: item[:2])
         first = ready[0][-1]
-        batch = [first] + [
-            st for *_, st in ready[1:] if st.session.pipeline is first.session.pipeline
-        ][: self.max_batch - 1]
+        batch = [first] + [st for *_, st in ready[1:] if self._batchable(first, st)][
+            : self.max_batch - 1
+        ]
+        due = min(deadline for _, deadline, st in ready if st in batch)
+        latest = self._latest_start(batch, due)
+        if latest > first.now():  # gathering: others may join before it must start
+            with self._cond:
+                self._look_again = min(self._look_again, latest)
+            return False
         with self._cond:  # another worker may have taken some of them meanwhile
             batch = [st for st in batch if not st.ended and not st.running]
             if not batch:
                 return True
             for st in batch:
                 st.running = True
+        t0 = first.now()
         try:
             results = self.step([st.session for st in batch], self._pool)
         finally:
             with self._cond:
                 for st in batch:
                     st.running = False
+                self._turn_s.append(first.now() - t0)
                 self._cond.notify_all()
         self.turns += 1
-        self.batches += len(batch) > 1
+        if len(batch) > 1:
+            self.batches += 1
+            self.batched_chunks += len(batch)
         for stream, result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 self._fail(stream, result)
         return True
+
+    def figures(self) -> dict[str, float | int]:
+        """How the engine has run: its calls now, its turns, and the chunks a turn ran on average
+        (above 1: chunks of several calls shared the motion net's forward)."""
+        with self._cond:
+            streams, turns = len(self._streams), self.turns
+            chunks = self.batched_chunks + turns - self.batches
+        return {
+            "calls": streams,
+            "turns": turns,
+            "chunks_per_turn": round(chunks / turns, 2) if turns else 0.0,
+        }
+
+    @staticmethod
+    def _batchable(first: Stream, other: Stream) -> bool:
+        """Whether ``other``'s chunk may run in one batch with ``first``'s."""
+        return other.session.pipeline is first.session.pipeline and other.now == first.now
+
+    def _latest_start(self, batch: list[Stream], due: float) -> float:
+        """Until when ``batch``, whose first frame plays at ``due``, may wait for others to join
+        it (on its clock; -inf: run now)."""
+        if len(batch) >= self.max_batch:
+            return float("-inf")
+        with self._cond:
+            others = any(
+                not st.ended and st not in batch and self._batchable(batch[0], st)
+                for st in self._streams
+            )
+            turns = sorted(self._turn_s)
+        if not others or not turns:
+            return float("-inf")
+        return due - turns[int(TURN_QUANTILE * (len(turns) - 1))] - GATHER_MARGIN_S
 
     def _fail(self, stream: Stream, err: BaseException) -> None:
         with self._cond:
@@ -205,7 +269,12 @@ class Engine:
                 worked = False
             if not worked:
                 with self._cond:
-                    self._cond.wait(WAIT_S)
+                    # A held batch is looked at again at its latest start (or when audio comes).
+                    wait = WAIT_S
+                    if self._look_again < float("inf"):
+                        wait = min(wait, max(0.0, self._look_again - time.monotonic()))
+                        self._look_again = float("inf")
+                    self._cond.wait(wait)
 
 
 _default: Engine | None = None
