@@ -89,10 +89,10 @@ def simulate(
             Stream(s, s.deadline, lambda b=bound: b, lambda err: pytest.fail(str(err)), clock)
         )
     while now[0] < seconds:
-        engine._look_again = float("inf")
-        if not engine.run_once():
+        look_again = engine.turn()
+        if look_again is not None:  # to the next audio, or the held batch's latest start
             waiting = [s._audio_until(s.next) for s in sessions if not s.ready()]
-            now[0] = min([*waiting, engine._look_again])
+            now[0] = min([*waiting, look_again])
     return order
 
 

@@ -79,6 +79,27 @@ def test_a_dead_worker_fails_its_objects_alone_and_is_replaced(pool) -> None:
     assert c.call("add", 1) == 8
 
 
+def test_an_object_held_everywhere_runs_on_the_least_busy_worker_and_outlives_one(pool) -> None:
+    """An object its methods never change, held by every worker: each call goes to the worker
+    with the fewest calls in flight, and a dead worker's calls go to the one left."""
+    a = pool.bind(Counter(5), everywhere=True)
+    w0, w1 = pool._workers
+    assert sorted(a.pids) == sorted(pool.pids) and w0.bound == w1.bound == 1
+    assert a.call_each("pid") == [w0.process.pid, w1.process.pid]
+    w0.in_flight = 1  # a call of another session is in w0
+    assert a.call("pid") == w1.process.pid
+    w0.in_flight, w1.in_flight = 0, 1
+    assert a.call("pid") == w0.process.pid
+    w1.in_flight = 0
+    os.kill(w0.process.pid, signal.SIGKILL)
+    w0.process.wait(timeout=10)
+    assert [a.call("add", 0) for _ in range(3)] == [5, 5, 5]  # the copy in w1 answers
+    os.kill(w1.process.pid, signal.SIGKILL)
+    w1.process.wait(timeout=10)
+    with pytest.raises(WorkerLostError):
+        a.call("add", 0)
+
+
 def _alive(pool) -> list[int]:
     return [w.process.pid for w in pool._workers if w.alive]
 

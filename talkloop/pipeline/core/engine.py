@@ -19,10 +19,11 @@ a chunk. Each turn the engine
 dispatch, not arithmetic: docs/benchmarks.md), but calls that joined at different moments have
 their chunks' audio complete at different moments. So a ready batch that could still grow (other
 sessions of its pipeline, on the same clock, are not in it) waits for them until its *latest
-start*: the earliest deadline in it less a reserve, the longest turn of the last ``TURN_HISTORY``
-(timed on that clock) plus ``GATHER_MARGIN_S``. Whoever becomes ready meanwhile joins it. A lone call
-never waits (there is nobody to gather), nor does a batch that is full, nor anything before the
-engine has timed a turn; under overload the latest start has passed and the batch runs at once.
+start*: the earliest deadline in it less a reserve, the median of the last ``TURN_HISTORY``
+turns' durations (timed on that clock) plus ``GATHER_MARGIN_S``. Whoever becomes ready meanwhile
+joins it. A lone call never waits (there is nobody to gather), nor does a batch that is full, nor
+anything before the engine has timed a turn; under overload the latest start has passed and the
+batch runs at once.
 
 It runs these turns on one worker thread per core, each taking sessions no other worker is
 running: sessions whose chunks come due together share one batch, the others run side by side.
@@ -54,7 +55,7 @@ log = logging.getLogger("talkloop.engine")
 
 WAIT_S = 0.02  # longest sleep without a wake-up: one driving block
 TURN_HISTORY = 32  # turns whose compute time sets the gathering reserve
-TURN_QUANTILE = 0.9  # of those, the one that does (their longest would be one stall)
+TURN_QUANTILE = 0.5  # of those, the one that sets it: the median (docs/benchmarks.md, 2026-12-04)
 GATHER_MARGIN_S = 0.02  # what a gathered batch's start may still slip by (a wake-up, a tick)
 
 
@@ -110,7 +111,6 @@ class Engine:
         self.turns = 0
         self.batched_chunks = 0  # chunks that ran in those turns
         self._turn_s: deque[float] = deque(maxlen=TURN_HISTORY)  # compute time of recent turns
-        self._look_again = float("inf")  # on the held batch's clock: when to look again
 
     # -- membership ----------------------------------------------------------------------------
 
@@ -163,7 +163,12 @@ class Engine:
     # -- the loop ------------------------------------------------------------------------------
 
     def run_once(self) -> bool:
-        """One turn (see the module docstring). Returns False when nothing was ready."""
+        """One turn (see the module docstring). Returns False when nothing ran."""
+        return self.turn() is None
+
+    def turn(self) -> float | None:
+        """One turn (see the module docstring). Returns None when a batch ran, else when to look
+        again on the clock of the batch held back (inf: nothing was ready)."""
         with self._cond:
             live = [s for s in self._streams if not s.ended and not s.running]
         for stream in live:
@@ -176,7 +181,7 @@ class Engine:
             if chunk is not None and stream.session.ready():
                 ready.append((-stream.deficit, stream.deadline(chunk.start), stream))
         if not ready:
-            return False
+            return float("inf")
         ready.sort(key=lambda item: item[:2])
         first = ready[0][-1]
         batch = [first] + [st for *_, st in ready[1:] if self._batchable(first, st)][
@@ -185,13 +190,11 @@ class Engine:
         due = min(deadline for _, deadline, st in ready if st in batch)
         latest = self._latest_start(batch, due)
         if latest > first.now():  # gathering: others may join before it must start
-            with self._cond:
-                self._look_again = min(self._look_again, latest)
-            return False
+            return latest
         with self._cond:  # another worker may have taken some of them meanwhile
             batch = [st for st in batch if not st.ended and not st.running]
             if not batch:
-                return True
+                return None
             for st in batch:
                 st.running = True
         t0 = first.now()
@@ -210,7 +213,7 @@ class Engine:
         for stream, result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 self._fail(stream, result)
-        return True
+        return None
 
     def figures(self) -> dict[str, float | int]:
         """How the engine has run: its calls now, its turns, and the chunks a turn ran on average
@@ -263,17 +266,15 @@ class Engine:
                 if not self._streams:
                     return
             try:
-                worked = self.run_once()
+                look_again = self.turn()
             except Exception:  # a bug of the engine itself: keep serving the others
                 log.exception("%s: turn failed", self.name)
-                worked = False
-            if not worked:
+                look_again = float("inf")
+            if look_again is not None:
+                # A held batch is looked at again at its latest start (its clock is a server's
+                # monotonic one), or sooner when audio comes.
+                wait = min(WAIT_S, max(0.0, look_again - time.monotonic()))
                 with self._cond:
-                    # A held batch is looked at again at its latest start (or when audio comes).
-                    wait = WAIT_S
-                    if self._look_again < float("inf"):
-                        wait = min(wait, max(0.0, self._look_again - time.monotonic()))
-                        self._look_again = float("inf")
                     self._cond.wait(wait)
 
 

@@ -12,9 +12,13 @@ same work has a GIL to itself.
 no script's ``__main__`` runs again), each on one end of a socket pair, computing on one thread
 (the pool is the parallelism). :meth:`ProcessPool.bind` sends an object (pickled, once) to the
 worker holding the fewest; :meth:`Bound.call` runs one of its methods there and returns the result, the calling
-thread waiting without the GIL. An object is forgotten in its worker when its :class:`Bound` is
-garbage-collected. A worker that dies fails the calls of the objects it held, each with
-:class:`WorkerLostError`; the next :meth:`ProcessPool.bind` starts a new one in its place.
+thread waiting without the GIL. An object whose methods never change it (a renderer) can be held
+by every worker instead (``everywhere=True``): each call then runs on the worker with the fewest
+calls in flight, so two calls' chunks spread over the cores however the calls were bound, and a
+dead worker's share goes to the others. An object is forgotten in its workers when its
+:class:`Bound` is garbage-collected. A worker that dies fails the calls of the objects it alone
+held, each with :class:`WorkerLostError`; the next :meth:`ProcessPool.bind` starts a new one in
+its place.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class _Worker:
         self.lock = threading.Lock()
         self.ready = False
         self.bound = 0  # objects held
+        self.in_flight = 0  # calls sent or waiting for it (the pool's lock)
         self.forgotten: list[int] = []  # keys to forget before the next request
 
     def request(self, op: str, key: int, payload: Any) -> Any:
@@ -119,26 +124,52 @@ class _Worker:
 
 
 class Bound:
-    """An object held by a worker process; :meth:`call` runs its methods there."""
+    """An object held by one worker process, or by several (copies of an object its methods never
+    change); :meth:`call` runs its methods there."""
 
-    def __init__(self, worker: _Worker, key: int) -> None:
-        self._worker, self._key = worker, key
-        weakref.finalize(self, _forget, worker, key)
+    def __init__(self, holders: list[_Worker], key: int, lock: threading.Lock) -> None:
+        self._holders, self._key, self._lock = holders, key, lock
+        weakref.finalize(self, _forget, holders, key)
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes that hold the object."""
+        return [w.process.pid for w in self._holders]
 
     def call(self, method: str, *args: Any) -> Any:
-        """``obj.method(*args)`` in the worker; its exceptions are raised here.
+        """``obj.method(*args)`` in the holder with the fewest calls in flight; its exceptions are
+        raised here. A holder found dead is passed over for another (the object is the same
+        there).
 
         Raises:
-            WorkerLostError: the worker process died.
+            WorkerLostError: every worker that held the object died.
         """
-        return self._worker.request("call", self._key, (method, args))
+        holders = list(self._holders)
+        while True:
+            with self._lock:
+                worker = min(holders, key=lambda w: (not w.alive, w.in_flight))
+                worker.in_flight += 1
+            try:
+                return worker.request("call", self._key, (method, args))
+            except WorkerLostError:
+                holders.remove(worker)
+                if not holders:
+                    raise
+            finally:
+                with self._lock:
+                    worker.in_flight -= 1
+
+    def call_each(self, method: str, *args: Any) -> list[Any]:
+        """``obj.method(*args)`` in every holder, one after another (first-use costs)."""
+        return [w.request("call", self._key, (method, args)) for w in self._holders]
 
 
-def _forget(worker: _Worker, key: int) -> None:
+def _forget(holders: list[_Worker], key: int) -> None:
     # May run inside the garbage collector on any thread, even one holding the worker's lock:
     # never block; the next request sends it.
-    worker.bound -= 1
-    worker.forgotten.append(key)
+    for worker in holders:
+        worker.bound -= 1
+        worker.forgotten.append(key)
 
 
 class ProcessPool:
@@ -163,22 +194,31 @@ class ProcessPool:
         with self._lock:
             return [w.process.pid for w in self._workers]
 
-    def bind(self, obj: Any) -> Bound:
-        """Send ``obj`` to the worker that holds the fewest objects; a dead worker is replaced
-        first."""
+    def bind(self, obj: Any, everywhere: bool = False) -> Bound:
+        """Send ``obj`` to the worker that holds the fewest objects, or with ``everywhere`` to
+        every worker (only for an object its methods never change: each call runs on one of
+        them); a dead worker is replaced first."""
         with self._lock:
             for i, w in enumerate(self._workers):
                 if not w.alive:
                     self._workers[i] = _Worker(self._preload)
-            worker = min(self._workers, key=lambda w: w.bound)
-            worker.bound += 1
+            holders = (
+                list(self._workers) if everywhere else [min(self._workers, key=lambda w: w.bound)]
+            )
+            for worker in holders:
+                worker.bound += 1
             key = next(self._keys)
+        sent: list[_Worker] = []
         try:
-            worker.request("bind", key, obj)
+            for worker in holders:
+                worker.request("bind", key, obj)
+                sent.append(worker)
         except BaseException:
-            worker.bound -= 1
+            _forget(sent, key)
+            for worker in holders[len(sent) :]:
+                worker.bound -= 1
             raise
-        return Bound(worker, key)
+        return Bound(holders, key, self._lock)
 
     def close(self) -> None:
         with self._lock:

@@ -104,7 +104,7 @@ def test_render_processes_make_the_frames_the_session_thread_makes(
     pooled = render_batch(pooled_pipeline, audio, reference).all_frames()
     assert here.shape == pooled.shape and here.shape[0] >= 30
     assert np.array_equal(here, pooled)
-    assert sum(w.bound for w in pool._workers) <= 1  # the session's renderer, or none
+    assert sum(w.bound for w in pool._workers) in (0, 2)  # the session's renderer, or none
 
 
 def pipeline_of(modules, processes: int) -> Pipeline:
@@ -147,14 +147,15 @@ def test_prepared_photos_are_bounded(modules, reference) -> None:
     assert stage.prepared(photos[0]) is not renderers[0]  # the oldest went
 
 
-def test_sessions_of_one_photo_render_in_different_workers(modules, reference) -> None:
+def test_sessions_of_one_photo_render_in_every_worker(modules, reference) -> None:
     # Sharing the prepared renderer must not pin every call of the default avatar to one
-    # worker process: each session's handle is bound on its own, to the least loaded worker.
+    # worker process: each session's handle is held by every worker, and each chunk renders in
+    # the least busy one (tests/core/test_workers.py).
     pipeline = pipeline_of(modules, 2)
     (stage,) = pipeline.phases["publish"].stages
     pool = stage.workers.pool
     before = [w.bound for w in pool._workers]
     sessions = [pipeline.open_session(reference.copy()) for _ in range(2)]
-    assert [w.bound - b for w, b in zip(pool._workers, before, strict=True)] == [1, 1]
+    assert [w.bound - b for w, b in zip(pool._workers, before, strict=True)] == [2, 2]
     for session in sessions:
         session.close()

@@ -30,9 +30,10 @@ class RenderWorkers:
     """Where the sessions' renderers render: on the session's own thread, or with
     ``processes`` in that many worker processes shared by every session of the process
     (``model.render_processes``, ``talkloop/pipeline/core/workers.py``). A session's renderer is
-    sent to one of them when the session opens and renders once there, so its first chunk pays
-    for neither; it stays in the session's state too, and the frames are the ones it renders
-    here."""
+    sent to every one of them when the session opens and renders once in each, so its first
+    chunk pays for neither; each chunk renders in the worker with the fewest renders in flight
+    (rendering never changes a renderer), so the calls' chunks spread over the cores. The
+    renderer stays in the session's state too, and the frames are the ones it renders here."""
 
     def __init__(self, processes: int = 0) -> None:
         self.pool = shared_pool(processes, (PortraitRenderer.__module__,)) if processes else None
@@ -45,8 +46,8 @@ class RenderWorkers:
         """Send ``renderer`` to its worker (nothing without processes)."""
         if self.pool is None:
             return
-        bound = self.pool.bind(renderer)
-        bound.call("render", np.zeros((1, len(FRAME_FIELDS)), np.float32))  # first-use costs
+        bound = self.pool.bind(renderer, everywhere=True)
+        bound.call_each("render", np.zeros((1, len(FRAME_FIELDS)), np.float32))  # first-use costs
         with self._lock:
             self._bound[renderer] = bound
 
