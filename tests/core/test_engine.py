@@ -92,7 +92,7 @@ def simulate(
         look_again = engine.turn()
         if look_again is not None:  # to the next audio, or the held batch's latest start
             waiting = [s._audio_until(s.next) for s in sessions if not s.ready()]
-            now[0] = min([*waiting, look_again])
+            now[0] = min([*waiting, now[0] + look_again])
     return order
 
 

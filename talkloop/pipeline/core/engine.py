@@ -167,8 +167,9 @@ class Engine:
         return self.turn() is None
 
     def turn(self) -> float | None:
-        """One turn (see the module docstring). Returns None when a batch ran, else when to look
-        again on the clock of the batch held back (inf: nothing was ready)."""
+        """One turn (see the module docstring). Returns None when a batch ran, else how long
+        until it is worth looking again: until the latest start of the batch held back (seconds
+        of its clock), inf when nothing was ready."""
         with self._cond:
             live = [s for s in self._streams if not s.ended and not s.running]
         for stream in live:
@@ -188,9 +189,9 @@ class Engine:
             : self.max_batch - 1
         ]
         due = min(deadline for _, deadline, st in ready if st in batch)
-        latest = self._latest_start(batch, due)
-        if latest > first.now():  # gathering: others may join before it must start
-            return latest
+        hold = self._latest_start(batch, due) - first.now()
+        if hold > 0:  # gathering: others may join before it must start
+            return hold
         with self._cond:  # another worker may have taken some of them meanwhile
             batch = [st for st in batch if not st.ended and not st.running]
             if not batch:
@@ -270,12 +271,9 @@ class Engine:
             except Exception:  # a bug of the engine itself: keep serving the others
                 log.exception("%s: turn failed", self.name)
                 look_again = float("inf")
-            if look_again is not None:
-                # A held batch is looked at again at its latest start (its clock is a server's
-                # monotonic one), or sooner when audio comes.
-                wait = min(WAIT_S, max(0.0, look_again - time.monotonic()))
+            if look_again is not None:  # a held batch at its latest start, or when audio comes
                 with self._cond:
-                    self._cond.wait(wait)
+                    self._cond.wait(min(WAIT_S, look_again))
 
 
 _default: Engine | None = None
