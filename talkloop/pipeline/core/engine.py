@@ -162,10 +162,6 @@ class Engine:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def run_once(self) -> bool:
-        """One turn (see the module docstring). Returns False when nothing ran."""
-        return self.turn() is None
-
     def turn(self) -> float | None:
         """One turn (see the module docstring). Returns None when a batch ran, else how long
         until it is worth looking again: until the latest start of the batch held back (seconds

@@ -131,11 +131,6 @@ class Bound:
         self._holders, self._key, self._lock = holders, key, lock
         weakref.finalize(self, _forget, holders, key)
 
-    @property
-    def pids(self) -> list[int]:
-        """The worker processes that hold the object."""
-        return [w.process.pid for w in self._holders]
-
     def call(self, method: str, *args: Any) -> Any:
         """``obj.method(*args)`` in the holder with the fewest calls in flight; its exceptions are
         raised here. A holder found dead is passed over for another (the object is the same
