@@ -70,6 +70,14 @@ class PlayoutBuffer:
             raise ValueError(f"samples {start}.. are not all held (end {self.end})")
         self.data[np.arange(start, start + samples.shape[0]) % self.capacity] = samples
 
+    def truncate(self, end: int) -> None:
+        """Forget the samples from ``end`` on (the next ``append`` writes at ``end``)."""
+        if end < max(self.end - self.capacity, 0) or end > self.end:
+            raise ValueError(
+                f"cannot truncate at sample {end} (held {self.end - self.capacity}..{self.end})"
+            )
+        self.end = end
+
     def silence_from(self, start: int) -> None:
         """Zero everything written from ``start`` on (an interrupt)."""
         lo = max(start, self.end - self.capacity, 0)
@@ -284,17 +292,26 @@ class AudioDriver:
             return False
         return all(self._blk_seg[b % ring] == -1 for b in range(first, last))
 
-    def rewrite(self, sample: int) -> np.ndarray:
+    def rewrite(self, sample: int, keep: int = 0) -> np.ndarray:
         """Start the head segment at model ``sample``, in the past of the clock: the blocks
         produced from there on (idle: ``idle_from``) become its first blocks, in the playout
         buffer and in the segment's accounting. Returns their new audio (output rate), for the
-        caller to give the model in place of what it had."""
+        caller to give the model in place of what it had.
+
+        Of a segment still open, ``keep`` output samples (and what is not a whole block) stay
+        queued, for the blocks after these to take in real time. Where its audio runs out first,
+        the idle blocks after it are forgotten: production goes back to where it ends, short of
+        the playout delay by as much (``shortfall``, as after a ``skip``), and its audio still
+        to come fills them."""
         if not self.idle_from(sample) or self.unstarted_speech() is None:
             raise ValueError(f"cannot start the next segment at sample {sample}")
         ring, out = self._blk_seg.shape[0], []
         for b in range(sample // self.block, self.samples // self.block):
+            head = self._segments[0] if self._segments else None
+            if head is None or (head.queued < self.out_block + keep and not head.ended):
+                break
             speech, seg, last = self._take_speech(self.out_block, held_too=True)
-            if speech is None or seg is None:  # ran out: the rest of the span stays idle
+            if speech is None or seg is None:
                 break
             self._blk_seg[b % ring], self._blk_pos[b % ring] = seg.id, seg.produced
             self._blk_last[b % ring] = last
@@ -302,6 +319,13 @@ class AudioDriver:
             self._live[seg.id] = seg
             self.playout.write(b * self.out_block, speech)
             out.append(speech)
+        end = sample + len(out) * self.block
+        if end < self.samples:  # ran out: the idle blocks after it go
+            for b in range(end // self.block, self.samples // self.block):
+                self._blk_seg[b % ring], self._blk_last[b % ring] = -1, False
+            self.shortfall += self.samples - end
+            self.samples = end
+            self.playout.truncate(self.out_index(end))
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
     # -- outputs ----------------------------------------------------------------------------------

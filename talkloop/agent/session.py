@@ -77,6 +77,9 @@ MAX_CUTS = 64  # interrupts remembered for withholding frames (older frames are 
 MAX_QUEUED_SAYS = 3
 # How long a reply may wait for enough of its audio to start early (see _start_reply_early).
 REPLY_HOLD_S = 0.16
+# What a reply's lead keeps to spare beyond the chunk time it expects: the measured chunk time
+# missed a reply's first chunk by 0-7 ms (ten replies, 2-core Zen 4, 2026-12-04).
+REPLY_MARGIN_S = 0.01
 
 
 def default_playout_s(pipeline: Pipeline) -> float:
@@ -278,7 +281,10 @@ class AvatarSession:
         if res is None:
             res = self._resamplers[source] = StreamResampler(OUTPUT_RATE)
         mono = res.push(frame.to_mono_float(), frame.sample_rate)
-        return self.driver.push_speech(mono, label, source)
+        segment = self.driver.push_speech(mono, label, source)
+        if self.driver.started_at is not None:
+            self._start_reply_early()  # the moment its audio is here, not at the next tick
+        return segment
 
     def end_of_segment(self, source: str = "") -> None:
         """The current segment of ``source`` is complete; it finishes when it has played."""
@@ -605,25 +611,27 @@ class AvatarSession:
             await self.clock.sleep_until(start + k * BLOCK_S)
 
     def _start_reply_early(self) -> None:
-        """Start the next reply at once, if its audio is here ahead of time.
+        """Start the next reply at once, if its audio is here ahead of time (on every tick and
+        whenever speech arrives).
 
         The driving audio produced but not yet played is idle, and a reply behind it would wait
         the whole playout delay. A reply that arrives faster than real time takes its place from
         a chunk start ``s`` on (``AudioDriver.rewrite``; the session makes the chunks from ``s``
         again, from the reply: ``Session.rewind``). When everything not yet played is idle, the
-        media clock jumps ahead (``AudioDriver.skip``) so that ``s`` plays ``lead`` from now (two
-        recent chunk times and a block: the chunk being made and the reply's first): the idle
-        frames and audio before it that would still have played are passed over. ``s`` is then
-        the latest chunk start before which every frame is made (a later one would leave frames
-        to play before the reply that nobody made in time), which needs the least audio up
-        front: from ``s`` to what was produced, plus the look-ahead. Without a jump (a reply still
-        playing out), ``s`` must play at least ``lead`` from now, and the earliest such start
-        plays soonest. The reply waits up to ``REPLY_HOLD_S`` for its audio to fill the start
-        that plays soonest, then takes the best start it fills, or starts on the clock. (A reply
-        that jumps needs the audio from ``s`` to what was produced plus the look-ahead, at least
-        a chunk and the look-ahead: with 2-frame chunks and a 40 ms look-ahead, 100-160 ms, which
-        a reply sent at 2x real time fills in 50-80 ms; it then plays between the lead and a
-        chunk more after that, as the chunk starts fall.)
+        media clock jumps ahead (``AudioDriver.skip``) so that ``s`` plays ``lead`` from now:
+        the rest of a chunk being made now, a recent chunk time for the reply's first, and
+        ``REPLY_MARGIN_S`` (then on the next frame: the jump moves by whole frames). The idle
+        frames and audio before it that would still have played are passed over. ``s`` is then the latest chunk start before which every frame is made (a
+        later one would leave frames to play before the reply that nobody made in time), and
+        the reply needs its first chunk and the look-ahead up front; where it has less than
+        the idle audio produced from ``s`` on, the idle blocks past its audio are forgotten
+        (production goes back to where its audio ends). Without a jump (a reply still playing
+        out), ``s`` must play at least ``lead`` from now, the earliest such start plays soonest,
+        and the reply needs all the audio produced from ``s`` on plus the look-ahead. The reply
+        waits up to ``REPLY_HOLD_S`` for its audio to fill the start that plays soonest, then
+        takes the best start it fills, or starts on the clock. (With 2-frame chunks and a 40 ms
+        look-ahead a reply sent at 2x real time fills its first chunk in 60 ms; it plays a lead
+        later, on the next frame.)
         """
         seg = self.driver.unstarted_speech()
         if seg is None:
@@ -634,11 +642,13 @@ class AvatarSession:
             self._held_since, self.driver.hold = now, True
         info, rate = self.info, self.model_rate
         chunk_s = self.pipeline.config.schedule.n_len / info.fps
-        lead = (
-            2 * (self.session.stats.chunk_seconds or chunk_s) + BLOCK_S
-            if self.config.reply_lead_ms is None
-            else self.config.reply_lead_ms / 1000
-        )
+        took, running = self.session.stats.chunk_seconds, self.session.running_seconds
+        if self.config.reply_lead_ms is not None:
+            lead = self.config.reply_lead_ms / 1000
+        elif took is None:  # nothing measured yet: a chunk being made, and the reply's first
+            lead = 2 * chunk_s + BLOCK_S
+        else:  # the chunk being made now finishes first
+            lead = (0.0 if running is None else max(0.0, took - running)) + took + REPLY_MARGIN_S
         queued = seg.queued * rate // self.sample_rate  # model samples
         produced = self.driver.samples
         jump = self.driver.idle_from(self._audio_next)  # nothing still to play is speech
@@ -658,7 +668,16 @@ class AvatarSession:
                 and self.driver.idle_from(s)
             ),
         )  # the soonest first; of equals, the latest start (it needs the least audio)
-        enough = [p for p in points if produced - p[3] + self.pipeline.lookahead_samples <= queued]
+        # The audio it needs up front: without a jump, all that was produced from ``s`` on (it
+        # plays as it stands) and the look-ahead; with one, no more than its first chunk and
+        # the look-ahead: the idle blocks produced after the audio it has are forgotten.
+        chunk = frame_start_sample(self.pipeline.config.schedule.n_len, info.fps, rate)
+        look = self.pipeline.lookahead_samples
+        enough = [
+            p
+            for p in points
+            if (min(produced - p[3], chunk) if jump else produced - p[3]) + look <= queued
+        ]
         timed_out = now - self._held_since >= REPLY_HOLD_S
         if enough and (enough[0] == points[0] or timed_out):
             at, _, frame, start = enough[0]
@@ -668,13 +687,16 @@ class AvatarSession:
             step = math.lcm(self.block, rate // math.gcd(rate, info.fps))
             skip = int((self.media.due(start) - at) * rate + 1e-6)
             skip = max(0, min(skip, start - self._audio_next - self.block)) // step * step
-            model = resample(self.driver.rewrite(start), self.sample_rate, rate)
-            model = np.pad(model, (0, max(0, produced - start - model.shape[0])))
-            self._new_epoch(self.session.rewind(frame, model[: produced - start]), start)
+            keep = look * self.sample_rate // rate  # its look-ahead stays queued, at least
+            model = resample(self.driver.rewrite(start, keep), self.sample_rate, rate)
+            span = self.driver.samples - start  # what the reply rewrote (all, or it ran out)
+            model = np.pad(model[:span], (0, max(0, span - model.shape[0])))
+            self._new_epoch(self.session.rewind(frame, model), start)
             if skip > 0:
                 self.driver.skip(skip)
             self.early_replies += 1
             self.driver.hold, self._held_since = False, None
+            self.driver.produce_due(now)  # the reply's audio already here goes to the model now
         elif timed_out or not points:
             # Waited long enough, or no chunk start plays late enough to be made again in time
             # (waiting for one would cost more than it could gain): it starts on the clock.

@@ -77,3 +77,32 @@ def test_a_skip_plays_sooner_and_production_makes_up_the_shortfall() -> None:
     driver.push_speech(np.zeros(3 * out_block, np.float32) + 0.1)
     driver.produce_due(clock.now())  # speech that is here goes at once
     assert driver.shortfall == 0 and driver.samples == before + 2 * BLOCK
+
+
+def test_a_reply_shorter_than_the_idle_span_forgets_the_idle_blocks_past_it() -> None:
+    """``rewrite`` from a sample with less speech queued than was produced since: the reply's
+    whole blocks take the idle blocks' place (``keep`` samples stay queued), production goes back
+    to where they end, and the reply's audio still to come fills the span at once."""
+    driver, pushed, clock = make_driver()
+    for _ in range(10):  # 200 ms of idle audio produced
+        driver.produce_due(clock.now())
+        clock.advance(BLOCK / RATE)
+    start, produced = 2 * BLOCK, driver.samples
+    reply = tone(9 * BLOCK, RATE, hz=220, amp=0.2)  # 180 ms: short of the span + what stays
+    driver.push_speech(reply[: 5 * BLOCK + BLOCK // 2])
+    driver.hold = True  # the avatar holds a reply it may start early
+    out = driver.rewrite(start, keep=BLOCK)
+    np.testing.assert_array_equal(out, reply[: 4 * BLOCK])  # whole blocks; a block+ stays queued
+    assert driver.samples == start + 4 * BLOCK
+    assert driver.shortfall == produced - driver.samples  # the idle blocks past it: forgotten
+    np.testing.assert_array_equal(driver.playout.read(start, 4 * BLOCK), reply[: 4 * BLOCK])
+    assert driver.playout.end == driver.samples  # the next block is written where it ended
+    assert driver.segment_of(start) == driver.segment_of(start + 4 * BLOCK - 1) == 0
+    driver.hold = False
+    driver.push_speech(reply[5 * BLOCK + BLOCK // 2 :], source="")
+    driver.end_segment()
+    driver.produce_due(clock.now())  # what arrived goes at once, up to the clock
+    np.testing.assert_array_equal(
+        driver.playout.read(start, 9 * BLOCK), reply
+    )  # the reply, whole, with no idle block inside it
+    assert driver.samples >= start + 9 * BLOCK and driver.shortfall < produced - start - 4 * BLOCK

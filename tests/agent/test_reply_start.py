@@ -104,6 +104,50 @@ def test_the_reply_is_lip_synced_from_its_first_frame(live_pipeline) -> None:
     assert shown and not any(f.held for f in shown[:10])  # no frame of the old silence, no gap
 
 
+def test_a_reply_streamed_at_twice_real_time_starts_on_its_first_chunk(live_pipeline) -> None:
+    """A TTS that streams at 2x: the reply starts once its first chunk and the look-ahead are
+    here, not once it covers all the idle audio produced since the last frame was made (the
+    idle blocks past its audio are forgotten), and it still plays whole, in sync."""
+    reply = tone(int(0.8 * RATE), RATE, hz=300.0, amp=0.4)
+    block = RATE // 50
+
+    async def body():
+        clock, avatar, out, consumer = open_avatar(live_pipeline)
+        await advance(avatar, clock, 1.0)
+        pushed_at, forgot = clock.now(), 0
+        for i in range(0, reply.shape[0], block):  # 20 ms of audio every 10 ms
+            before = avatar.driver.shortfall
+            avatar.push_audio(pcm_frame(reply[i : i + block], RATE))
+            await advance(avatar, clock, 0.01)
+            if avatar.early_replies and not forgot:
+                forgot = avatar.driver.shortfall - before - avatar.media.skipped
+        avatar.end_of_segment()
+        await advance(avatar, clock, 1.6)
+        consumer.cancel()
+        await avatar.close()
+        return avatar, out, pushed_at
+
+    avatar, out, pushed_at = run(body(), 240)
+    audio = [(t, f) for t, f in out if isinstance(f, AudioFrame)]
+    seg = [(t, f) for t, f in audio if f.segment_id == 0]
+    assert avatar.early_replies == 1
+    # Its first chunk and the model's look-ahead arrive in half their length; then the lead and
+    # at most a frame (the jump moves by whole frames) and a tick.
+    info = live_pipeline.info
+    chunk_s = live_pipeline.config.schedule.n_len / info.fps
+    first = (chunk_s + live_pipeline.lookahead_samples / info.sample_rate) / 2
+    assert LEAD_MS / 1000 <= seg[0][0] - pushed_at <= first + LEAD_MS / 1000 + 0.04 + 0.02
+    played = np.concatenate([np.frombuffer(f.data, "<i2") for _, f in seg]).astype(np.float32)
+    sent = np.rint(np.clip(resample(reply, RATE, OUT), -1, 1) * 32767)
+    assert np.abs(played[: sent.shape[0]] - sent).max() <= 4  # whole: no idle gap inside it
+    assert [f.pts for _, f in audio] == [960 * k for k in range(len(audio))]
+    video = [f for _, f in out if isinstance(f, VideoFrame)]
+    start = seg[0][1].pts // (OUT // 25)
+    shown = [f for f in video if f.index >= start]
+    assert shown and not any(f.held for f in shown)  # every frame of it made in time
+    assert avatar.dropped_frames == 0
+
+
 def interrupt_a_reply(pipeline, seconds: float, after_s: float):
     """Idle 1 s, send a reply of ``seconds``, interrupt it ``after_s`` later (0: at its early
     start, before generation ran); returns what was emitted, the interrupt's events, and the

@@ -117,7 +117,8 @@ class Session:
         # closes: the live engine waits on these instead of polling.
         self.listeners: list[Callable[[], None]] = []
         self._snapshots: deque[_Snapshot] = deque()  # the last REWIND_S of chunk starts
-        self._pending_rewind: tuple[int, int, np.ndarray] | None = None
+        self._pending_rewind: int | None = None  # the frame a rewind goes back to
+        self._step_t0: float | None = None  # perf_counter() when the running chunk began
         pipeline.run_phase("init", {"reference_image": reference, "prompt": prompt}, self.state)
         opened: list[Sink] = []
         try:
@@ -177,11 +178,11 @@ class Session:
         with self._cond:
             used = frame_start_sample(self.state.frames_published, info.fps, info.sample_rate)
             buf = self.state.audio
-            start = max(used + p.lookahead_samples, from_sample)
-            buf.samples[max(0, start - buf.offset) :] = 0.0
+            unused = used + p.lookahead_samples
             if self._pending_rewind is not None:  # a reply that started early, interrupted
-                frame, at, audio = self._pending_rewind
-                audio[max(0, from_sample - at) :] = 0.0
+                unused = min(unused, self._frame_sample(self._pending_rewind))
+            start = max(unused, from_sample)
+            buf.samples[max(0, start - buf.offset) :] = 0.0
             self.audio_epoch += 1
             return self.audio_epoch
 
@@ -206,6 +207,12 @@ class Session:
         return points or [self.state.frames_published]
 
     @property
+    def running_seconds(self) -> float | None:
+        """How long the chunk being made now has been running (None: no chunk is)."""
+        t0 = self._step_t0
+        return None if t0 is None else time.perf_counter() - t0
+
+    @property
     def made_until(self) -> int:
         """The frames before this one are made (published or skipped); the chunk from it on,
         if it is being made, is not done yet."""
@@ -215,11 +222,12 @@ class Session:
     def rewind(self, frame: int, audio: np.ndarray) -> int:
         """Make the chunks from ``frame`` (one of :meth:`rewind_points`) again, on new audio.
 
-        ``audio`` replaces the driving audio from ``frame``'s first sample on (what has arrived
-        of it: the rest keeps coming through ``push_audio``): a reply that arrived ahead of
-        real time starts on frames already made from silence. The chunk being made now, if any,
-        finishes; the session goes back before its next one. Frames published from the old
-        audio carry the epoch from before this call.
+        ``audio`` replaces the driving audio from ``frame``'s first sample on: what had arrived
+        after it is dropped, and the rest of the new audio comes through ``push_audio``. A
+        reply that arrived ahead of real time starts on frames already made from silence. The
+        chunk being made now, if any, finishes (on the audio it read when it began); the
+        session goes back before its next one. Frames published from the old audio carry the
+        epoch from before this call.
 
         Returns:
             The new audio epoch (chunks begun from here on carry it).
@@ -227,7 +235,9 @@ class Session:
         with self._cond:
             if frame not in self._rewind_points_locked():
                 raise ValueError(f"frame {frame} is not a rewind point of this session")
-            self._pending_rewind = (frame, self._frame_sample(frame), audio.astype(np.float32))
+            # Now, not when the rewind is applied: audio pushed meanwhile follows the new audio.
+            self.state.audio.replace_from(self._frame_sample(frame), audio)
+            self._pending_rewind = frame
             self.audio_epoch += 1
             self._cond.notify_all()
             epoch = self.audio_epoch
@@ -241,8 +251,7 @@ class Session:
     def _apply_rewind(self) -> None:
         """(lock held, no chunk running) Go back to the pending rewind's chunk."""
         assert self._pending_rewind is not None
-        frame, start, audio = self._pending_rewind
-        self._pending_rewind = None
+        frame, self._pending_rewind = self._pending_rewind, None
         snap = None
         while self._snapshots and self._snapshots[-1].frames_published >= frame:
             snap = self._snapshots.pop()
@@ -252,10 +261,6 @@ class Session:
         elif frame < self.state.frames_published:  # rewind() checked it was a point
             raise RuntimeError(f"rewind point {frame} was lost")
         # (a point at or after the next chunk: nothing was made from its audio yet)
-        buf = self.state.audio
-        lo, hi = max(start, buf.offset), min(start + audio.shape[0], buf.received)
-        if hi > lo:
-            buf.samples[lo - buf.offset : hi - buf.offset] = audio[lo - start : hi - start]
 
     def _tell(self) -> None:
         """Wake whoever runs this session's chunks (outside the lock: they take their own)."""
@@ -338,7 +343,7 @@ class Session:
             self._step_epoch = self.audio_epoch
             total_samples = state.audio.received if state.audio.ended else None
             prompt, self._pending_prompt = self._pending_prompt, None
-        t0 = time.perf_counter()
+        t0 = self._step_t0 = time.perf_counter()
         if prompt is not None and prompt != state.prompt:
             state.prompt = prompt
             p.run_phase("prompt", {"prompt": prompt}, state, self.stats.stage_seconds)
@@ -564,6 +569,7 @@ def step_sessions(
         try:
             step = s._begin_step()
         except Exception as err:
+            s._step_t0 = None
             results[id(s)] = err
             continue
         if step is None:
@@ -571,48 +577,62 @@ def step_sessions(
         else:
             begun.append((s, step))
     if begun:
-        pipeline = begun[0][0].pipeline
-        if any(s.pipeline is not pipeline for s, _ in begun):
-            raise ValueError("step_sessions batches sessions of one pipeline only")
-        works: list[dict | BaseException]
-        kept = [dict(s.state.fields) for s, _ in begun]  # stages replace fields, never mutate
         try:
-            works = list(
-                pipeline.run_phase_batch(
-                    "n_chunk",
-                    [s._n_chunk_work(step) for s, step in begun],
-                    [s.state for s, _ in begun],
-                    [s.stats.stage_seconds for s, _ in begun],
-                )
-            )
-        except Exception:
-            if len(begun) == 1:
-                raise
-            works = []
-            for (s, step), fields in zip(begun, kept, strict=True):  # alone: whose input failed?
-                s.state.fields = fields  # as before the failed batch
-                try:
-                    work = pipeline.run_phase(
-                        "n_chunk", s._n_chunk_work(step), s.state, s.stats.stage_seconds
-                    )
-                    works.append(work)
-                except Exception as err:
-                    works.append(err)
-
-        def finish(item: tuple[tuple[Session, _Step], dict | BaseException]) -> None:
-            (s, step), work = item
-            if isinstance(work, BaseException):
-                results[id(s)] = work
-                return
-            try:
-                results[id(s)] = s._finish_step(step, work)
-            except Exception as err:
-                results[id(s)] = err
-
-        items = list(zip(begun, works, strict=True))
-        if executor is not None and len(items) > 1:
-            list(executor.map(finish, items))
-        else:
-            for item in items:
-                finish(item)
+            _step_begun(begun, results, executor)
+        finally:
+            for s, _ in begun:
+                s._step_t0 = None  # its chunk is over, whatever came of it
     return [results[id(s)] for s in sessions]
+
+
+def _step_begun(
+    begun: list[tuple[Session, _Step]],
+    results: dict[int, int | BaseException],
+    executor: Executor | None,
+) -> None:
+    """``step_sessions`` for the sessions whose chunk began: the batched ``n_chunk`` phase, then
+    each one's finish (results by ``id`` of the session)."""
+    pipeline = begun[0][0].pipeline
+    if any(s.pipeline is not pipeline for s, _ in begun):
+        raise ValueError("step_sessions batches sessions of one pipeline only")
+    works: list[dict | BaseException]
+    kept = [dict(s.state.fields) for s, _ in begun]  # stages replace fields, never mutate
+    try:
+        works = list(
+            pipeline.run_phase_batch(
+                "n_chunk",
+                [s._n_chunk_work(step) for s, step in begun],
+                [s.state for s, _ in begun],
+                [s.stats.stage_seconds for s, _ in begun],
+            )
+        )
+    except Exception:
+        if len(begun) == 1:
+            raise
+        works = []
+        for (s, step), fields in zip(begun, kept, strict=True):  # alone: whose input failed?
+            s.state.fields = fields  # as before the failed batch
+            try:
+                work = pipeline.run_phase(
+                    "n_chunk", s._n_chunk_work(step), s.state, s.stats.stage_seconds
+                )
+                works.append(work)
+            except Exception as err:
+                works.append(err)
+
+    def finish(item: tuple[tuple[Session, _Step], dict | BaseException]) -> None:
+        (s, step), work = item
+        if isinstance(work, BaseException):
+            results[id(s)] = work
+            return
+        try:
+            results[id(s)] = s._finish_step(step, work)
+        except Exception as err:
+            results[id(s)] = err
+
+    items = list(zip(begun, works, strict=True))
+    if executor is not None and len(items) > 1:
+        list(executor.map(finish, items))
+    else:
+        for item in items:
+            finish(item)

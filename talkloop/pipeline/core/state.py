@@ -57,6 +57,17 @@ class AudioBuffer:
             self.samples = self.samples[drop:].copy()  # copy: let the old array go
             self.offset += drop
 
+    def replace_from(self, start: int, samples: np.ndarray) -> None:
+        """``samples`` in place of everything from absolute index ``start`` on (held or not yet
+        received): ``received`` becomes ``start + len(samples)``."""
+        if start < self.offset or start > self.received:
+            raise ValueError(
+                f"cannot replace audio from sample {start}: {self.offset}..{self.received} held"
+            )
+        head = self.samples[: start - self.offset]
+        self.samples = np.concatenate([head, samples.astype(np.float32, copy=False)])
+        self.received = start + samples.shape[0]
+
     def window(self, start: int, stop: int) -> np.ndarray:
         """Samples ``[start, stop)``, zeros where outside the audio received so far."""
         out = np.zeros(stop - start, dtype=np.float32)
