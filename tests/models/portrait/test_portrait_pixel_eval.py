@@ -225,6 +225,11 @@ def test_eval_renders_the_photo_and_writes_figures_sheets_and_clips(tmp_path: Pa
     assert set(result["definitions"]) >= {"face_height", "opening", "pauses", "speech"}
     photo = result["photos"]["default_portrait"]
     assert 100 < photo["face_height_px"] < 250  # the face is ~42 % of a 512 frame
+    # The rig opens the lips in face units, and the frames read back an opening that grows too.
+    sweep = photo["opening_by_parameter"]
+    assert sweep["mouth_open"] == [0.25, 0.5, 1.0]
+    assert 0.05 < sweep["rig"][0] < sweep["rig"][1] < sweep["rig"][2] < 0.3
+    assert 0.05 < sweep["read"][0] < sweep["read"][1] < 0.3
     clips = {c["prompt"]: c for c in result["clips"]}
     assert set(clips) == {"serious", "smiling"}
     frames = frames_for_samples(len(load_audio(voice, RATE)), FPS, RATE)

@@ -15,6 +15,7 @@ from talkloop.pipeline.models.portrait.pixel_eval import (
     TABLE_HEADER,
     evaluate_pixels,
     row_line,
+    sweep_line,
 )
 from talkloop.pipeline.models.portrait.train import MotionTrainConfig, train_motion
 
@@ -111,6 +112,9 @@ def _evaluate_pixels(args: argparse.Namespace) -> int:
     print(TABLE_HEADER)
     for row in result["clips"]:
         print(row_line(row))
+    for name, photo in result["photos"].items():
+        if "opening_by_parameter" in photo:
+            print(sweep_line(name, photo))
     sheets = len(result["clips"])
     print(f"wrote {args.out / 'eval.json'}, {sheets} contact sheets in {args.out / 'sheets'}")
     return 0

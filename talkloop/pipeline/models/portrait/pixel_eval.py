@@ -69,6 +69,7 @@ from talkloop.pipeline.models.portrait.face import (
     person_mask,
     refine_landmarks,
 )
+from talkloop.pipeline.models.portrait.mesh import N_FACE
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.render import PortraitRenderer
 from talkloop.pipeline.render import render_file
@@ -101,6 +102,8 @@ BACKGROUND_GROW = 0.03
 PATCH = (96, 48)  # mouth patch (width, height); the inner corners at x = 12 and 84
 ZOOM = 3
 
+SWEEP_OPEN = (0.25, 0.5, 1.0)  # mouth_open values of the per-photo opening sweep
+
 DEFINITIONS = {
     "face_height": "eye line (mean of eye corners 33, 133, 263, 362) to chin (152) on the framed "
     "photo, read by the shipped landmark model; one length per photo",
@@ -121,6 +124,10 @@ DEFINITIONS = {
     f"onto one patch by their inner corners, speech frame pairs with openings >= closed_reads "
     f"+ {TEETH_OPEN} within +-{TEETH_TOLERANCE} face heights and widths within "
     f"+-{TEETH_WIDTH_TOLERANCE}",
+    "opening_by_parameter": "per photo, the opening at mouth_open "
+    f"{', '.join(f'{v:g}' for v in SWEEP_OPEN)} (every other parameter 0): 'rig' from the rig's "
+    "moved landmarks (the geometry the renderer draws), 'read' from the rendered frame; the rig "
+    "is in face units, so a photo's 'read' below or above the others' is how its mouth looks",
     "background_change": "mean |RGB change| (0-255) against the framed photo where its person "
     f"mask, grown by {BACKGROUND_GROW:.0%} of the frame width, is below {BACKGROUND_MASK}",
 }
@@ -395,6 +402,7 @@ class Photo:
     background: np.ndarray  # (H, W) bool
     neutral: np.ndarray  # (H, W, 3) uint8
     neutral_landmarks: np.ndarray  # (478, 3)
+    sweep: dict  # opening_by_parameter (DEFINITIONS)
 
     @classmethod
     def load(cls, config: TalkloopConfig, path: Path) -> Photo:
@@ -409,12 +417,27 @@ class Photo:
         if not np.isfinite(back).all():
             raise InputError(f"{path}: the landmark model finds no face in the neutral render")
         unit = face_height(lm)
-        return cls(path.stem, path, image, lm, unit, background_region(image), neutral, back)
+        sweep = opening_sweep(renderer, lm, unit)
+        return cls(path.stem, path, image, lm, unit, background_region(image), neutral, back, sweep)
 
     @property
     def closed(self) -> float:
         """The opening closed lips read on this face (the neutral render's), in face heights."""
         return float(mouth_opening(self.neutral_landmarks[None], self.unit)[0])
+
+
+def opening_sweep(renderer: PortraitRenderer, landmarks: np.ndarray, unit: float) -> dict:
+    """``opening_by_parameter`` (DEFINITIONS) of one photo's renderer."""
+    params = np.zeros((len(SWEEP_OPEN), len(FRAME_FIELDS)), np.float32)
+    params[:, FRAME_FIELDS.index("mouth_open")] = SWEEP_OPEN
+    moved = np.repeat(np.asarray(landmarks, np.float32)[None], len(SWEEP_OPEN), 0)
+    moved[:, :N_FACE, :2] += renderer.rig.displacements(params)[:, :N_FACE]
+    read = mouth_opening(track_landmarks(list(renderer.render(params))), unit)
+    return {
+        "mouth_open": list(SWEEP_OPEN),
+        "rig": [float(x) for x in mouth_opening(moved, unit)],
+        "read": [None if not np.isfinite(x) else float(x) for x in read],
+    }
 
 
 @dataclass
@@ -772,6 +795,7 @@ def evaluate_pixels(
             "width": float(mouth_width(photo.landmarks[None])[0]),
             "closed_reads": photo.closed,
             "neutral_width": float(mouth_width(photo.neutral_landmarks[None])[0]),
+            "opening_by_parameter": photo.sweep,
         }
         for audio_path in audio_files:
             samples = load_audio(audio_path, rate)
@@ -859,6 +883,15 @@ def row_line(row: dict) -> str:
     )
 
 
+def sweep_line(name: str, photo: dict) -> str:
+    """One photo's ``opening_by_parameter`` on a line."""
+    sweep = photo["opening_by_parameter"]
+    cells = zip(sweep["mouth_open"], sweep["rig"], sweep["read"], strict=True)
+    return f"{name}: opening at mouth_open (rig / read, face heights): " + ", ".join(
+        f"{v:g}: {g:.3f} / {_fmt(r)}" for v, g, r in cells
+    )
+
+
 __all__ = [
     "DEFINITIONS",
     "SpeechSplit",
@@ -867,5 +900,6 @@ __all__ = [
     "mouth_opening",
     "mouth_width",
     "split_speech",
+    "sweep_line",
     "track_landmarks",
 ]
