@@ -513,6 +513,19 @@ def test_exact_inverse_undoes_an_affine_motion_of_the_mouth(collins):
     assert not mx[~covered].any() and not my[~covered].any()
 
 
+def test_exact_inverse_of_a_sliver_samples_inside_its_triangle():
+    # A triangle the motion squeezed to a sliver (a mouth corner): the rasteriser marks pixels
+    # whose centres lie outside it, where its affine map extrapolates hundreds of pixels off (a
+    # stray dot of the frame's edge in the render). Each pixel must sample within the source
+    # triangle's box, a pixel wider.
+    src = np.array([[10.0, 10.0], [30.0, 12.0], [18.0, 30.0]], np.float32)
+    dst = np.array([[10.2, 10.1], [30.0, 10.9], [20.1, 10.55]], np.float32)  # 0.3 px thick
+    mx, my, covered = exact_inverse(src, dst, np.array([[0, 1, 2]]), (0, 40, 0, 40))
+    assert covered.any()
+    assert mx[covered].min() >= 9.0 and mx[covered].max() <= 31.0
+    assert my[covered].min() >= 9.0 and my[covered].max() <= 31.0
+
+
 def test_inverse_offsets_invert_a_smooth_field():
     # A smooth field that stretches by up to ~1.5x: Newton's steps land each output point on
     # the source point the field carries there (residual under 0.05 px; the field is sampled

@@ -268,9 +268,16 @@ def exact_inverse(
     # float32); the last row (index -1) is zeros for the pixels no triangle covers.
     gx = np.arange(w, dtype=np.float32)[None]
     gy = np.arange(h, dtype=np.float32)[:, None]
+    # A pixel drawn for a triangle samples inside that triangle's part of the photo (its box, a
+    # pixel wider): the rasteriser also marks pixels whose centres lie just outside a moved
+    # triangle, and where the triangle is a sliver its map sends them far off (a stray dot).
+    lo, hi = s.min(1) - 1.0, s.max(1) + 1.0  # (M, 2)
     maps = []
     for k in range(2):
         cx, cy, c0 = (np.append(c[:, k], 0.0).astype(np.float32) for c in (col_x, col_y, shift))
-        maps.append(cx.take(ids) * gx + cy.take(ids) * gy + c0.take(ids))
+        m = cx.take(ids) * gx + cy.take(ids) * gy + c0.take(ids)
+        low = np.append(lo[:, k], -np.inf).astype(np.float32).take(ids)
+        high = np.append(hi[:, k], np.inf).astype(np.float32).take(ids)
+        maps.append(np.clip(m, low, high))
     mx, my = maps
     return mx, my, ids >= 0
