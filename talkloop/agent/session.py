@@ -213,6 +213,9 @@ class AvatarSession:
         self._idle_before = 0  # frames below this index were passed over by a jump
         self._held_since: float | None = None  # when the next reply started waiting to go early
         self.early_replies = 0  # replies that started ahead of the playout delay
+        # The latest early start: ms its audio waited (from its first audio to the start) and
+        # from the start until its first sample plays (the lead, then the next frame).
+        self.early_reply: dict[str, float] | None = None
         self._last_rgb = reference
         self.frames_sent = self.late_frames = self.dropped_frames = self.withheld_frames = 0
         self.overrun_frames = 0
@@ -282,7 +285,7 @@ class AvatarSession:
             res = self._resamplers[source] = StreamResampler(OUTPUT_RATE)
         mono = res.push(frame.to_mono_float(), frame.sample_rate)
         segment = self.driver.push_speech(mono, label, source)
-        if self.driver.started_at is not None:
+        if self.driver.started_at is not None and self.error is None:  # as the tick does
             self._start_reply_early()  # the moment its audio is here, not at the next tick
         return segment
 
@@ -523,6 +526,7 @@ class AvatarSession:
             "dropped_frames": self.dropped_frames + self.frames.dropped_frames,
             "withheld_frames": self.withheld_frames,
             "early_replies": self.early_replies,
+            "early_reply": self.early_reply,
             "overrun_frames": self.overrun_frames,
             "idle_dropped_frames": self.idle_dropped_frames,
             "skipped_frames": s.skipped_frames,
@@ -695,6 +699,10 @@ class AvatarSession:
             if skip > 0:
                 self.driver.skip(skip)
             self.early_replies += 1
+            self.early_reply = {
+                "waited_ms": round(1000 * (now - self._held_since), 1),
+                "plays_in_ms": round(1000 * (self.media.due(start) - now), 1),
+            }
             self.driver.hold, self._held_since = False, None
             self.driver.produce_due(now)  # the reply's audio already here goes to the model now
         elif timed_out or not points:

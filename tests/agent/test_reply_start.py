@@ -69,6 +69,10 @@ def test_a_reply_ahead_of_real_time_plays_before_the_playout_delay(live_pipeline
     # delay would have let it: the clock jumped over the idle media queued before it.
     waited = seg[0][0] - pushed_at
     assert LEAD_MS / 1000 <= waited + 1e-9 <= LEAD_MS / 1000 + 0.04 < PLAYOUT_MS / 1000
+    # The stats say where that time went: its audio waited, then the lead and the next frame.
+    start = avatar.stats()["early_reply"]
+    assert start["plays_in_ms"] >= LEAD_MS
+    assert abs(start["waited_ms"] + start["plays_in_ms"] - 1000 * waited) <= 10.0 + 1e-6
     # Whole and in order: the segment's samples are the reply, resampled once, nothing missing.
     played = np.concatenate([np.frombuffer(f.data, "<i2") for _, f in seg]).astype(np.float32)
     sent = np.rint(np.clip(resample(reply, RATE, OUT), -1, 1) * 32767)
@@ -111,31 +115,52 @@ def test_a_reply_streamed_at_twice_real_time_starts_on_its_first_chunk(live_pipe
     reply = tone(int(0.8 * RATE), RATE, hz=300.0, amp=0.4)
     block = RATE // 50
 
+    info = live_pipeline.info
+    chunk_s = live_pipeline.config.schedule.n_len / info.fps
+    look_s = live_pipeline.lookahead_samples / info.sample_rate
+
+    def unmade_s(avatar) -> float:  # idle audio produced past the last frame made
+        made = avatar.session.made_until * info.sample_rate // info.fps
+        return (avatar.driver.samples - made) / info.sample_rate
+
     async def body():
         clock, avatar, out, consumer = open_avatar(live_pipeline)
         await advance(avatar, clock, 1.0)
-        pushed_at, forgot = clock.now(), 0
+        # Start it when half a chunk of idle audio is produced past the last frame made: by the
+        # time its first chunk and look-ahead are here (half their length later, at 2x), more
+        # than a chunk is, and no new frame was made: part of that idle span is forgotten.
+        for _ in range(100):
+            if abs(unmade_s(avatar) - chunk_s / 2) < look_s / 2 - 0.005:
+                break
+            await advance(avatar, clock, 0.01)
+        rewrites = []
+        rewrite = avatar.driver.rewrite
+
+        def spy(sample: int, keep: int = 0):
+            before = avatar.driver.samples
+            audio = rewrite(sample, keep)
+            rewrites.append((before, avatar.driver.samples))
+            return audio
+
+        avatar.driver.rewrite = spy
+        pushed_at = clock.now()
         for i in range(0, reply.shape[0], block):  # 20 ms of audio every 10 ms
-            before = avatar.driver.shortfall
             avatar.push_audio(pcm_frame(reply[i : i + block], RATE))
             await advance(avatar, clock, 0.01)
-            if avatar.early_replies and not forgot:
-                forgot = avatar.driver.shortfall - before - avatar.media.skipped
         avatar.end_of_segment()
         await advance(avatar, clock, 1.6)
         consumer.cancel()
         await avatar.close()
-        return avatar, out, pushed_at
+        return avatar, out, pushed_at, rewrites
 
-    avatar, out, pushed_at = run(body(), 240)
+    avatar, out, pushed_at, rewrites = run(body(), 240)
+    assert len(rewrites) == 1 and rewrites[0][1] < rewrites[0][0]  # production went back
     audio = [(t, f) for t, f in out if isinstance(f, AudioFrame)]
     seg = [(t, f) for t, f in audio if f.segment_id == 0]
     assert avatar.early_replies == 1
     # Its first chunk and the model's look-ahead arrive in half their length; then the lead and
     # at most a frame (the jump moves by whole frames) and a tick.
-    info = live_pipeline.info
-    chunk_s = live_pipeline.config.schedule.n_len / info.fps
-    first = (chunk_s + live_pipeline.lookahead_samples / info.sample_rate) / 2
+    first = (chunk_s + look_s) / 2
     assert LEAD_MS / 1000 <= seg[0][0] - pushed_at <= first + LEAD_MS / 1000 + 0.04 + 0.02
     played = np.concatenate([np.frombuffer(f.data, "<i2") for _, f in seg]).astype(np.float32)
     sent = np.rint(np.clip(resample(reply, RATE, OUT), -1, 1) * 32767)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from talkloop.pipeline.bench.live import early_start_figures
 from talkloop.pipeline.bench.memory import MIN_STEADY_S, WARMUP_S, memory_trend
 from talkloop.pipeline.bench.run import machine_info, memory_lines, print_table
 from talkloop.pipeline.cli import main
@@ -143,3 +144,17 @@ def test_plot_tells_runs_apart_and_table_agrees_with_json(capsys) -> None:
         # warm-up: RSS at 30 s (100 MB by 20 s + 10 s at 0.5 MB/min) minus RSS at 0
         ["ours", "120", "3000", "0.300", "80.0", "700", "100.08", "0.50"],
     ]
+
+
+@pytest.mark.unit
+def test_early_starts_are_counted_once_from_the_stats_that_repeat_them() -> None:
+    stats = [
+        {"early_replies": 0, "early_reply": None},
+        {"early_replies": 1, "early_reply": {"waited_ms": 60.0, "plays_in_ms": 70.0}},
+        {"early_replies": 1, "early_reply": {"waited_ms": 60.0, "plays_in_ms": 70.0}},
+        {"early_replies": 2, "early_reply": {"waited_ms": 80.0, "plays_in_ms": 50.0}},
+    ]
+    figures = early_start_figures(stats)
+    assert figures["waited_ms"] == {"p50": 70.0, "p95": 79.0, "n": 2}
+    assert figures["plays_in_ms"]["n"] == 2 and figures["plays_in_ms"]["p50"] == 60.0
+    assert early_start_figures([])["waited_ms"] == {"p50": None, "p95": None, "n": 0}

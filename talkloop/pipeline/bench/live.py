@@ -110,6 +110,9 @@ async def measure(spec: dict) -> dict:
             "sent": len(replies),
             "speedup": REPLY_SPEEDUP,
             "started_early": last.get("early_replies"),  # the server's count
+            # per early start (the server's stats, once a second, carry the latest): how long
+            # its audio waited to start, and how long from the start until it played
+            **early_start_figures(result.stats),
         },
         "video_frames": len(result.video_times),
         "fps": result.summary()["fps"],
@@ -178,6 +181,23 @@ async def agent_replies(server: AvatarServer, url: str, seconds: float, sent: li
                 await ws.send(float_to_pcm16(reply[j : j + block]).tobytes())
                 await asyncio.sleep(0.02 / REPLY_SPEEDUP)
             await ws.send(json.dumps({"type": "segment_end"}))
+
+
+def early_start_figures(stats: list[dict]) -> dict:
+    """``waited_ms`` and ``plays_in_ms`` ``{p50, p95, n}`` over the call's early starts."""
+    seen: dict[int, dict] = {}
+    for msg in stats:
+        if msg.get("early_reply") is not None:
+            seen[int(msg.get("early_replies", 0))] = msg["early_reply"]
+    out = {}
+    for key in ("waited_ms", "plays_in_ms"):
+        x = np.array([e[key] for e in seen.values()], np.float64)
+        out[key] = {
+            "p50": float(np.percentile(x, 50)) if x.size else None,
+            "p95": float(np.percentile(x, 95)) if x.size else None,
+            "n": int(x.size),
+        }
+    return out
 
 
 def reply_latencies(sent: list[float], result: CallResult) -> np.ndarray:

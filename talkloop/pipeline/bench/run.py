@@ -267,6 +267,12 @@ def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
         f"reply_latency_ms p50 {_fmt(rl['p50'])}  p95 {_fmt(rl['p95'])} ({rl['n']} of "
         f"{rl['sent']} agent replies, sent at {rl['speedup']:g}x real time)"
     )
+    if rl.get("waited_ms", {}).get("n"):
+        w, pl = rl["waited_ms"], rl["plays_in_ms"]
+        print(
+            f"  in the server: audio waited p50 {_fmt(w['p50'])} / p95 {_fmt(w['p95'])}, then "
+            f"played after p50 {_fmt(pl['p50'])} / p95 {_fmt(pl['p95'])} ({w['n']} early starts)"
+        )
     if r.get("runtime"):
         rt = r["runtime"]
         print(f"runtime: backend={rt['backend']} dtype={rt['dtype']} int8={rt['int8'] or 'none'}")
