@@ -625,11 +625,12 @@ class AvatarSession:
         media clock jumps ahead (``AudioDriver.skip``) so that ``s`` plays ``lead`` from now:
         the rest of a chunk being made now, a recent chunk time for the reply's first, and
         ``REPLY_MARGIN_S`` (then on the next frame: the jump moves by whole frames). The idle
-        frames and audio before it that would still have played are passed over. ``s`` is then the latest chunk start before which every frame is made (a
-        later one would leave frames to play before the reply that nobody made in time), and
-        the reply needs its first chunk and the look-ahead up front; where it has less than
-        the idle audio produced from ``s`` on, the idle blocks past its audio are forgotten
-        (production goes back to where its audio ends). Without a jump (a reply still playing
+        frames and audio before it that would still have played are passed over. ``s`` is then
+        the latest chunk start before which every frame is made (a later one would leave frames
+        to play before the reply that nobody made in time), and the reply needs its first chunk
+        and the look-ahead up front; where it has less than the idle audio produced from ``s``
+        on, the idle blocks past its audio are forgotten (production goes back to where its
+        audio ends). Without a jump (a reply still playing
         out), ``s`` must play at least ``lead`` from now, the earliest such start plays soonest,
         and the reply needs all the audio produced from ``s`` on plus the look-ahead. The reply
         waits up to ``REPLY_HOLD_S`` for its audio to fill the start that plays soonest, then
