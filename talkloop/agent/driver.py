@@ -320,9 +320,7 @@ class AudioDriver:
             self.playout.write(b * self.out_block, speech)
             out.append(speech)
         end = sample + len(out) * self.block
-        if end < self.samples:  # ran out: the idle blocks after it go
-            for b in range(end // self.block, self.samples // self.block):
-                self._blk_seg[b % ring], self._blk_last[b % ring] = -1, False
+        if end < self.samples:  # ran out: the idle blocks after it go (produced again later)
             self.shortfall += self.samples - end
             self.samples = end
             self.playout.truncate(self.out_index(end))

@@ -228,3 +228,24 @@ def test_live_catch_up_skips_whole_chunks_when_far_behind(tiny_pipeline, speech)
     assert shown == sorted(shown) and len(set(shown)) == len(shown)
     assert shown[-1] == total - 1  # it caught up: the end of the audio was generated
     assert session.stats.chunk_seconds is not None and session.stats.chunk_seconds > 0
+
+
+def test_a_rewind_waits_for_the_audio_of_the_chunk_it_goes_back_to(tiny_pipeline, speech) -> None:
+    """``rewind`` with less audio than the chunk it goes back to needs (a reply still arriving):
+    the session is not ready, makes nothing, and makes that chunk once the rest is pushed."""
+    sink = CollectSink()
+    session = tiny_pipeline.open_session(make_reference(), sinks=[sink])
+    session.push_audio(np.resize(speech, 2 * RATE))
+    while session.step():
+        pass
+    frame = session.rewind_points()[-2]  # a chunk made already: it is made again
+    start = frame_start_sample(frame, 25, RATE)
+    session.rewind(frame, speech[:320])  # 20 ms of the new audio, far short of a chunk
+    assert session.state.audio.received == start + 320  # what came after it is dropped
+    assert not session.ready()
+    assert session.step() == 0
+    assert session.made_until == frame  # it went back, and waits
+    session.push_audio(np.resize(speech, RATE))
+    assert session.ready()
+    assert session.step() > 0 and sink.first_indices[-1] == frame
+    session.close()

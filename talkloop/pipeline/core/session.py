@@ -248,6 +248,14 @@ class Session:
         info = self.pipeline.info
         return frame_start_sample(frame, info.fps, info.sample_rate)
 
+    def _rewind_chunk_locked(self) -> NChunk | None:
+        """The chunk a pending rewind goes back to (its audio may not all be here: a reply
+        that arrives ahead of real time is still arriving)."""
+        for snap in self._snapshots:
+            if snap.frames_published == self._pending_rewind:
+                return self.pipeline.timeline.n_chunk(snap.next_n, self._total_frames())
+        return self.next_chunk()  # a point at or after the next chunk
+
     def _apply_rewind(self) -> None:
         """(lock held, no chunk running) Go back to the pending rewind's chunk."""
         assert self._pending_rewind is not None
@@ -304,9 +312,7 @@ class Session:
             )
 
     def _ready_locked(self) -> bool:
-        if self._pending_rewind is not None:
-            return True  # the chunk it goes back to has its audio: it was made once already
-        n = self.next_chunk()
+        n = self.next_chunk() if self._pending_rewind is None else self._rewind_chunk_locked()
         return n is not None and (
             self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
         )
