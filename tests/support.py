@@ -527,12 +527,20 @@ async def advance(avatar, clock, seconds: float, step: float = 0.01) -> None:
 # of events, and which generated frame a received picture shows (tests/rtc/scenarios/common.py).
 
 
-def on_frame_grid(video_pts: list[int], fps: int = 25, clock: int = 90000) -> bool:
+def on_frame_grid(video_pts: list[int], fps: int = 25, clock: int = 90000, jumps: int = 0) -> bool:
     """Received RTP video timestamps: each frame a later frame slot than the one before. A paced
     sender sends each frame at its own media time; one that falls behind skips slots, and never
-    sends a slot twice or off the frame grid."""
+    sends a slot twice or off the frame grid. A reply that starts early (at most ``jumps`` of
+    them) jumps the clock by whole 20 ms blocks: the frame on show then is shown shorter by
+    whole blocks, and the grid goes on from there."""
     d = np.diff(np.asarray(video_pts, dtype=np.int64))
-    return len(video_pts) > 0 and bool(np.all((d > 0) & (d % (clock // fps) == 0)))
+    whole = d % (clock // fps) == 0
+    blocks = d % (clock // 50) == 0
+    return (
+        len(video_pts) > 0
+        and bool(np.all((d > 0) & blocks))
+        and int(np.count_nonzero(~whole)) <= jumps
+    )
 
 
 def contiguous_audio(audio_pts: list[int], block: int = 960) -> bool:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
@@ -214,7 +213,7 @@ class AvatarSession:
         self._held_since: float | None = None  # when the next reply started waiting to go early
         self.early_replies = 0  # replies that started ahead of the playout delay
         # The latest early start: ms its audio waited (from its first audio to the start) and
-        # from the start until its first sample plays (the lead, then the next frame).
+        # from the start until its first sample plays (the lead, then the next block).
         self.early_reply: dict[str, float] | None = None
         self._last_rgb = reference
         self.frames_sent = self.late_frames = self.dropped_frames = self.withheld_frames = 0
@@ -446,8 +445,11 @@ class AvatarSession:
         """
         await self._wait_started()
         j, skipped = self._video_next, self.media.skipped
-        if skipped > self._video_skipped:  # the clock jumped (whole frames): they are idle
-            passed = (skipped - self._video_skipped) * self.info.fps // self.info.sample_rate
+        if skipped > self._video_skipped:  # the clock jumped: the frames it passed are idle
+            # The frame on show (its timestamp taken before the jump) plays on until the next
+            # frame whose played time comes after its own: a jump of part of a frame shortens it.
+            jumped = skipped - self._video_skipped
+            passed = jumped * self.info.fps // self.info.sample_rate
             j += passed
             self.idle_dropped_frames += passed
             self._idle_before = j  # frames made for them, if any, are not counted as dropped
@@ -624,7 +626,7 @@ class AvatarSession:
         again, from the reply: ``Session.rewind``). When everything not yet played is idle, the
         media clock jumps ahead (``AudioDriver.skip``) so that ``s`` plays ``lead`` from now:
         the rest of a chunk being made now, a recent chunk time for the reply's first, and
-        ``REPLY_MARGIN_S`` (then on the next frame: the jump moves by whole frames). The idle
+        ``REPLY_MARGIN_S`` (then on the next audio block: the jump moves by whole blocks). The idle
         frames and audio before it that would still have played are passed over. ``s`` is then
         the latest chunk start before which every frame is made (a later one would leave frames
         to play before the reply that nobody made in time), and the reply needs its first chunk
@@ -636,7 +638,7 @@ class AvatarSession:
         waits up to ``REPLY_HOLD_S`` for its audio to fill the start that plays soonest, then
         takes the best start it fills, or starts on the clock. (With 2-frame chunks and a 40 ms
         look-ahead a reply sent at 2x real time fills its first chunk in 60 ms; it plays a lead
-        later, on the next frame.)
+        later, on the next block.)
         """
         seg = self.driver.unstarted_speech()
         if seg is None:
@@ -687,11 +689,11 @@ class AvatarSession:
         if enough and (enough[0] == points[0] or timed_out):
             at, _, frame, start = enough[0]
             # The jump passes over idle audio only (the audio output may be emitting the block
-            # before ``_audio_next`` still), by whole blocks and whole frames: both outputs'
-            # timestamps stay on their grids.
-            step = math.lcm(self.block, rate // math.gcd(rate, info.fps))
+            # before ``_audio_next`` still), by whole blocks: the audio output's frames stay
+            # whole; the video's frame on show when it jumps is shown that much shorter.
             skip = int((self.media.due(start) - at) * rate + 1e-6)
-            skip = max(0, min(skip, start - self._audio_next - self.block)) // step * step
+            skip = max(0, min(skip, start - self._audio_next - self.block))
+            skip = skip // self.block * self.block
             keep = look * self.sample_rate // rate  # its look-ahead stays queued, at least
             model = resample(self.driver.rewrite(start, keep), self.sample_rate, rate)
             span = self.driver.samples - start  # what the reply rewrote (all, or it ran out)

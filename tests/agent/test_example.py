@@ -35,6 +35,6 @@ def test_example_agent_speaks_and_interrupts_through_a_live_call() -> None:
     assert second["interrupted"]
     assert 0 < second["position_ms"] < r["durations_ms"][1]
     # the viewer heard the speech through WebRTC and saw video, each frame a later slot of the
-    # frame grid
+    # frame grid (which each line, starting early, may shift once)
     assert max(r["audio_rms"]) > 0.05
-    assert r["video_frames"] > 0 and on_frame_grid(r["video_pts"])
+    assert r["video_frames"] > 0 and on_frame_grid(r["video_pts"], jumps=2)

@@ -54,10 +54,12 @@ def test_two_calls_land_on_two_nodes_on_the_frame_grid_and_a_third_is_busy(calls
         assert page["session"]["type"] == "session"
         assert not [m for _, m in errors(page) if m["code"] != "worker_lost"]
         # Both calls stream: frames kept arriving until the kill, each a later slot of the
-        # 25 fps grid, and audio never skipped a block (judged by media timestamps: the rate
-        # at which a loaded machine delivers them is not this test's business).
+        # 25 fps grid (the second call's agent may shift it once, starting its line early),
+        # and audio never skipped a block (judged by media timestamps: the rate at which a
+        # loaded machine delivers them is not this test's business).
         assert frames_between(page, calls["up_at"], calls["kill_at"]) > 0
-        assert on_frame_grid(page["video_pts"]) and contiguous_audio(page["audio_pts"])
+        jumps = 1 if page is calls["b"] else 0
+        assert on_frame_grid(page["video_pts"], jumps=jumps) and contiguous_audio(page["audio_pts"])
     (third,) = calls["third"]  # refused at once: one message, no session
     assert third[1]["type"] == "error" and third[1]["code"] == "busy"
     assert calls["calls_left"] == 0  # the front released every call's actor
@@ -78,7 +80,7 @@ def test_killing_a_node_ends_only_its_call_with_worker_lost(calls) -> None:
     assert not errors(b), errors(b)
     assert b["ended_by"] == "page"
     assert frames_between(b, kill, calls["hangup_at"]) > 0
-    assert on_frame_grid(b["video_pts"]) and contiguous_audio(b["audio_pts"])
+    assert on_frame_grid(b["video_pts"], jumps=1) and contiguous_audio(b["audio_pts"])
 
 
 def test_an_agent_on_the_second_node_speaks_lip_synced(calls) -> None:

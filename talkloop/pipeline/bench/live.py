@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 HOST_IN_NETNS = "127.0.0.2"
 REPLIES = 10
 REPLY_S = 1.5  # each reply: this much speech from the bundled voice
-# A reply starts this often (the rest is the pause after it): not a whole number of frame
-# periods, so that the replies meet the 40 ms frame grid at phases spread over it.
+# A reply starts this often (the rest is the pause after it): not a whole number of blocks, so
+# that the replies meet the 20 ms grid the clock jumps by at phases spread over it.
 REPLY_EVERY_S = 5.013
 REPLY_SPEEDUP = 2.0
 AGENT_RATE = 24000  # what voice agents' TTS sends (OpenAI Realtime)
