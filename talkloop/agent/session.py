@@ -76,8 +76,10 @@ MAX_CUTS = 64  # interrupts remembered for withholding frames (older frames are 
 MAX_QUEUED_SAYS = 3
 # How long a reply may wait for enough of its audio to start early (see _start_reply_early).
 REPLY_HOLD_S = 0.16
-# What a reply's lead keeps to spare beyond the chunk time it expects: the measured chunk time
-# missed a reply's first chunk by 0-7 ms (ten replies, 2-core Zen 4, 2026-12-04).
+# What a reply's lead keeps to spare beyond the chunk time it expects. The measured chunk time
+# missed a reply's first chunk by 0-26 ms (twenty replies, 2-core Zen 4, 2026-12-04); the jump's
+# rounding down to a block (0-20 ms) absorbs most of that: 0 late frames in 50 replies, 1 in 70
+# with the older rounding to a frame (docs/benchmarks.md).
 REPLY_MARGIN_S = 0.01
 
 
@@ -121,8 +123,9 @@ class AvatarConfig(BaseModel):
         None,
         ge=0,
         le=5000,
-        description="how far ahead of now a reply that arrives early starts playing; None: two "
-        "recent chunk times and a driver block (the chunk being made and the reply's first)",
+        description="how far ahead of now a reply that arrives early starts playing; None: "
+        "what is left of the chunk being made, a recent chunk time (the reply's first) and "
+        "REPLY_MARGIN_S (two chunk times and a driver block before any chunk was measured)",
     )
     max_pending_speech_s: float = Field(
         120.0, gt=0, le=3600, description="speech queued ahead of playback at most (backpressure)"
