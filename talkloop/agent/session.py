@@ -237,7 +237,9 @@ class AvatarSession:
         """Start generating and producing driving audio (call on the event loop). Idempotent."""
         if self._stream is not None or self.closed or self._tasks:
             return
-        self.driver.produce_due(self.clock.now())  # anchors the media clock now
+        # Anchors the media clock on the engine's grid (now, or up to one chunk before).
+        chunk_s = self.pipeline.config.schedule.n_len / self.info.fps
+        self.driver.produce_due(self.engine.grid_start(self.clock.now, chunk_s))
         self._loop = asyncio.get_running_loop()
         self._stream = self.engine.add(
             self.session, self._deadline, self.lag_budget, self._generation_failed, self.clock.now
@@ -609,8 +611,9 @@ class AvatarSession:
             await asyncio.sleep(0.005)
 
     async def _tick(self) -> None:
-        """Produce driving blocks on absolute tick times (no drift)."""
-        start = self.clock.now()
+        """Produce driving blocks on absolute tick times (no drift), from the anchor on."""
+        start = self.driver.started_at
+        assert start is not None  # start() anchored it
         k = 0
         while self.error is None:  # a failed generation loop takes no more driving audio
             self._take_microphone()

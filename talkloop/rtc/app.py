@@ -14,6 +14,7 @@ import numpy as np
 from talkloop.pipeline.cluster.connect import disconnect
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import ConfigError
+from talkloop.pipeline.core.heap import freeze_loaded
 from talkloop.pipeline.models.registry import (
     build_pipeline,
     installed_weights,
@@ -105,6 +106,7 @@ async def serve_forever(
             offer_timeout_s=offer_timeout_s,
             ice=ice,
         )
+    freeze_loaded()  # what the server keeps is loaded: full GC passes skip it from now on
     try:
         bound = await server.start(host, port, ssl_context=ssl_context)
     except OSError as err:  # port in use, address not on this machine, no permission

@@ -25,6 +25,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from talkloop.pipeline.audio.pcm import float_to_pcm16, pcm16_to_float
 from talkloop.pipeline.bench.worker import looped_speech
+from talkloop.pipeline.core.heap import freeze_loaded
 from talkloop.rtc.jitter import prompt_track
 from talkloop.rtc.tracks import read_stamp
 
@@ -270,12 +271,23 @@ def negotiated_video_codec(sdp: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m talkloop.rtc.client URL SECONDS OUT.json``: a scripted call (looped speech as the
-    microphone, latency stamps read), its measurements written as JSON. The bench runs the client
-    in its own process, as a browser would be, so client work does not share the server's GIL."""
+    """``python -m talkloop.rtc.client URL SECONDS OUT.json [--ready]``: a scripted call (looped
+    speech as the microphone, latency stamps read), its measurements written as JSON. The bench
+    runs the client in its own process, as a browser would be, so client work does not share the
+    server's GIL. With ``--ready`` the client prepares everything first (its modules, its
+    microphone's audio), then says ``ready`` on stdout and calls when a line arrives on stdin: a
+    bench starts several calls at one moment, and no call runs while another client still loads
+    (seconds of CPU that a browser elsewhere would not take from the server)."""
 
-    url, seconds, out = (argv or sys.argv[1:])[:3]
+    args = list(argv if argv is not None else sys.argv[1:])
+    ready = "--ready" in args
+    url, seconds, out = [a for a in args if a != "--ready"][:3]
     mic = np.concatenate(list(looped_speech(16000, float(seconds) + 5)))
+    freeze_loaded()  # no full GC pass walks what loading made, mid-call
+    if ready:
+        print("ready", flush=True)
+        if not sys.stdin.readline():
+            return 1  # the bench went away before the start
     r = asyncio.run(run_call(url, float(seconds), mic=mic, read_stamps=True))
     data = {k: v for k, v in r.__dict__.items() if k not in ("frames", "audio")}
     with open(out, "w") as f:

@@ -18,9 +18,10 @@ from talkloop.agent.frames import (
 )
 from talkloop.agent.session import AvatarConfig, AvatarSession
 from talkloop.pipeline.audio.resample import resample
+from talkloop.pipeline.core.engine import Engine
 from talkloop.pipeline.core.errors import BusyError
 
-from support import advance, drain, make_reference, pcm_frame, run
+from support import advance, drain, make_reference, pcm_frame, run, settle
 
 pytestmark = pytest.mark.unit
 
@@ -278,3 +279,39 @@ def test_default_playout_delay_is_two_chunks_plus_the_lookahead(live_pipeline) -
     assert given.playout_s == pytest.approx(0.7)
     for a in (avatar, given):
         run(a.close(), 240)
+
+
+def test_a_call_that_starts_later_has_its_chunks_ready_with_the_first_calls(live_pipeline) -> None:
+    # Two calls of one engine on one clock, the second started 30 ms after the first: it anchors
+    # its timeline on the first one's chunk grid (a chunk earlier, with silence), so each chunk
+    # of both has its audio at the same moment and the engine can run them as one batch.
+    chunk_s = live_pipeline.config.schedule.n_len / live_pipeline.info.fps
+
+    async def body():
+        clock = ManualClock(5.0)
+        engine = Engine()
+        cfg = AvatarConfig(playout_delay_ms=400)
+        first, second = (
+            AvatarSession(live_pipeline, make_reference(), config=cfg, clock=clock, engine=engine)
+            for _ in range(2)
+        )
+        first.start()
+        await advance(first, clock, 0.03)
+        second.start()
+        received = []
+        await advance(second, clock, 0.02)
+        for _ in range(15):  # 300 ms, looked at in the middle of each 20 ms driving block
+            await settle(first)
+            received.append(
+                (first.session.state.audio.received, second.session.state.audio.received)
+            )
+            await advance(second, clock, 0.02)
+        await first.close()
+        await second.close()
+        return first, second, received
+
+    first, second, received = run(body(), 120)
+    assert first.driver.started_at == 5.0
+    assert chunk_s > 0.03 and second.driver.started_at == pytest.approx(5.0)  # not 5.03
+    assert second.media.due(0) == pytest.approx(first.media.due(0))
+    assert all(a == b for a, b in received) and received[-1][0] > received[0][0], received

@@ -218,3 +218,23 @@ def test_a_session_whose_chunk_fails_in_a_batch_fails_alone(tiny_modules, speech
     (ok, bad), frames = run(poison=True)
     assert good == ok == 2 and isinstance(bad, BaseException)
     np.testing.assert_array_equal(frames, clean)
+
+
+def test_later_sessions_anchor_on_the_grid_of_the_first() -> None:
+    now = [2.0]
+    engine = Engine(step=lambda batch, pool: [0] * len(batch))
+
+    def clock() -> float:
+        return now[0]
+
+    def other_clock() -> float:
+        return now[0]
+
+    assert engine.grid_start(clock, 0.08) == 2.0  # the first: now
+    now[0] = 2.23
+    assert engine.grid_start(clock, 0.08) == pytest.approx(2.16)  # the grid point before now
+    now[0] = 2.32
+    assert engine.grid_start(clock, 0.08) == pytest.approx(2.32)  # on a grid point: itself
+    # Another chunk duration, or another clock, has a grid of its own.
+    assert engine.grid_start(clock, 0.12) == 2.32
+    assert engine.grid_start(other_clock, 0.08) == 2.32

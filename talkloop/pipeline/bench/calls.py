@@ -3,9 +3,9 @@
 For n = 1, 2, ... up to N: ``talkloop serve --max-sessions n`` on the bundled default avatar of
 the family and n scripted calls at once (``talkloop.rtc.client``), each client in its own process
 as a browser would be, but on the same cores as the server (a real node does not spend the
-clients' decoding: the figure is a floor). A level passes when every call has at most 1 % of its
-frame slots late or missed and no chunk was skipped; the first level that fails ends the
-measurement. The largest level that passed is this machine's capacity: printed with the CPU,
+clients' decoding: the figure is a floor). The n calls start at one moment, once every client has
+loaded. A level passes when every call has at most 1 % of its frame slots late or missed and no
+chunk was skipped; the first level that fails ends the measurement. The largest level that passed is this machine's capacity: printed with the CPU,
 written to ``OUT/calls.json`` and cached for ``talkloop worker --slots auto``
 (``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
 family).
@@ -78,6 +78,23 @@ def passes(level: dict) -> bool:
     )
 
 
+def start_together(clients: list[subprocess.Popen]) -> None:
+    """Start the calls of ``clients`` (``talkloop.rtc.client --ready``) at one moment, once every
+    one of them has loaded: a client still loading would take seconds of CPU from the calls
+    already running, which the calls of a real node (browsers elsewhere) do not.
+
+    Raises:
+        RuntimeError: a client exited before it was ready.
+    """
+    for c in clients:
+        assert c.stdin is not None and c.stdout is not None
+        if c.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"a bench client exited with {c.wait()} before its call started")
+    for c in clients:
+        c.stdin.write("go\n")
+        c.stdin.close()
+
+
 def run_level(n: int, seconds: float, family: str, out: Path, host: str) -> dict:
     """One level: a server with ``n`` slots and ``n`` calls of ``seconds`` at once."""
     port = 8100 + n
@@ -97,9 +114,14 @@ def run_level(n: int, seconds: float, family: str, out: Path, host: str) -> dict
             clients = [
                 subprocess.Popen(
                     [sys.executable, "-m", "talkloop.rtc.client", url, str(seconds), str(f)]
+                    + ["--ready"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
                 )
                 for f in files
             ]
+            start_together(clients)
             for c in clients:
                 c.wait(timeout=seconds + 300)
             calls = [one_call(json.loads(f.read_text())) for f in files]

@@ -25,6 +25,16 @@ joins it. A lone call never waits (there is nobody to gather), nor does a batch 
 anything before the engine has timed a turn; under overload the latest start has passed and the
 batch runs at once.
 
+**One grid.** Gathering can only wait so long: calls that joined at random moments have their
+chunks' audio complete at random phases of a chunk's duration, and a batch that waited for all of
+them would start too late. So a live session anchors its timeline on a grid the engine keeps per
+clock and chunk duration (:meth:`Engine.grid_start`): the first session's start, and for every
+later one the last grid point before its own start (it begins up to one chunk in the past, with
+silence, which costs it no latency: its samples still play a playout delay after they arrive).
+Sessions on one grid have their chunks come ready at the same moments, so they make one batch
+without waiting; an agent's early reply moves a session off the grid by whole driving blocks,
+and gathering still joins it where it can.
+
 It runs these turns on one worker thread per core, each taking sessions no other worker is
 running: sessions whose chunks come due together share one batch, the others run side by side.
 
@@ -41,6 +51,7 @@ A session that fails ends alone: its ``on_error`` is called and the engine forge
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -111,8 +122,18 @@ class Engine:
         self.turns = 0
         self.batched_chunks = 0  # chunks that ran in those turns
         self._turn_s: deque[float] = deque(maxlen=TURN_HISTORY)  # compute time of recent turns
+        self._grids: dict[tuple[Callable[[], float], float], float] = {}  # a point of each grid
 
     # -- membership ----------------------------------------------------------------------------
+
+    def grid_start(self, now: Callable[[], float], period: float) -> float:
+        """Where a session starting now on clock ``now``, with chunks of ``period`` seconds,
+        anchors its timeline: now for the first such session, else the last point at or before
+        now of the grid the first one set (see the module docstring)."""
+        t = now()
+        with self._cond:
+            origin = self._grids.setdefault((now, period), t)
+        return origin + math.floor((t - origin) / period + 1e-9) * period  # 1e-9: float error
 
     def add(
         self,

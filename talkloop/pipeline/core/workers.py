@@ -37,6 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from talkloop.pipeline.core.errors import TalkloopError
+from talkloop.pipeline.core.heap import freeze_loaded
 
 
 class WorkerLostError(TalkloopError):
@@ -49,6 +50,7 @@ def _serve(conn: Connection, preload: Sequence[str]) -> None:
         importlib.import_module(name)
     if "cv2" in sys.modules:
         sys.modules["cv2"].setNumThreads(1)
+    freeze_loaded()
     objects: dict[int, Any] = {}
     conn.send(("ready", None))
     while True:
