@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from talkloop.pipeline.core.config import build_config
+from talkloop.pipeline.core.heap import freeze_loaded
 from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.ice import IceConfig
@@ -94,6 +95,7 @@ class CallHost:
         )
         self.outbox = asyncio.Queue()
         self.page = RelaySocket("page", self.outbox)
+        freeze_loaded()  # as a single server does: full GC passes skip what the call loaded
         return ray.get_runtime_context().get_node_id()
 
     async def start(self, query: dict[str, list[str]], number: int) -> None:

@@ -4,11 +4,18 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from talkloop.pipeline.bench.calls import capacity_file, measured_capacity, passes
+from talkloop.pipeline.bench.calls import (
+    capacity_file,
+    measured_capacity,
+    passes,
+    start_together,
+)
 from talkloop.pipeline.cli import main
 from talkloop.pipeline.cluster.cli import auto_slots
 from talkloop.pipeline.core.errors import ConfigError
@@ -41,6 +48,22 @@ def test_slots_auto_takes_the_measured_figure_and_says_how_to_get_one(
         auto_slots("portrait")
     capacity_file("portrait").write_text(json.dumps({"calls": 3, "family": "portrait"}))
     assert auto_slots("portrait") == 3 and measured_capacity("studio") is None
+
+
+@pytest.mark.unit
+def test_a_client_that_dies_before_it_is_ready_stops_the_level_and_the_others() -> None:
+    waiting = (
+        "print('ready', flush=True); import sys; sys.stdin.readline(); import time; time.sleep(60)"
+    )
+    clients = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for code in (waiting, "raise SystemExit(3)")
+    ]
+    with pytest.raises(RuntimeError, match="exited with 3 before its call started"):
+        start_together(clients)
+    assert clients[0].wait(timeout=10) != 0  # stopped, not left waiting for its start
 
 
 @pytest.mark.unit

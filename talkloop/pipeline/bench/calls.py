@@ -5,8 +5,9 @@ the family and n scripted calls at once (``talkloop.rtc.client``), each client i
 as a browser would be, but on the same cores as the server (a real node does not spend the
 clients' decoding: the figure is a floor). The n calls start at one moment, once every client has
 loaded. A level passes when every call has at most 1 % of its frame slots late or missed and no
-chunk was skipped; the first level that fails ends the measurement. The largest level that passed is this machine's capacity: printed with the CPU,
-written to ``OUT/calls.json`` and cached for ``talkloop worker --slots auto``
+chunk was skipped; the first level that fails ends the measurement. The largest level that passed
+is this machine's capacity: printed with the CPU, written to ``OUT/calls.json`` and cached for
+``talkloop worker --slots auto``
 (``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
 family).
 
@@ -84,11 +85,14 @@ def start_together(clients: list[subprocess.Popen]) -> None:
     already running, which the calls of a real node (browsers elsewhere) do not.
 
     Raises:
-        RuntimeError: a client exited before it was ready.
+        RuntimeError: a client exited before it was ready (the others are stopped: none is left
+            waiting for a start that will not come).
     """
     for c in clients:
         assert c.stdin is not None and c.stdout is not None
         if c.stdout.readline().strip() != "ready":
+            for other in clients:
+                other.kill()
             raise RuntimeError(f"a bench client exited with {c.wait()} before its call started")
     for c in clients:
         c.stdin.write("go\n")
