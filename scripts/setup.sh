@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up talkloop in ./.venv: system packages (as root, with apt-get), the CPU build of
 # PyTorch, then the project. `--test` adds the test dependencies, Chromium, Firefox ESR, coturn,
-# docker.io and debootstrap.
+# docker.io, debootstrap, festival and festvox-kdlpc16k.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
@@ -19,6 +19,9 @@ if [ -n "$extras" ]; then
   # from a debootstrapped base.
   [ -x /usr/sbin/dockerd ] && [ -x /usr/bin/docker ] || need+=(docker.io)
   [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+  # Training speech beyond espeak: Festival and a US English diphone voice (its tests).
+  command -v festival >/dev/null 2>&1 || need+=(festival)
+  [ -d /usr/share/festival/voices/english/ked_diphone ] || need+=(festvox-kdlpc16k)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from talkloop.pipeline.audio.espeak import speak
+from talkloop.pipeline.audio.espeak import Speech, speak
+from talkloop.pipeline.audio.festival import festival_speak
 from talkloop.pipeline.audio.io import load_audio, resample, write_wav
 from talkloop.pipeline.core.clock import frame_at_sample, frames_for_samples
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS, FrameParams
@@ -39,6 +40,9 @@ from talkloop.pipeline.synth.visemes import is_vowel, mouth_tracks
 
 SAMPLE_RATE = 16000
 FORMAT_VERSION = 1
+# Festival voices some training clips speak with (``festival_share``); never a test voice of
+# talkloop's evaluation (tests/data/voices: Festival's kal and slt, flite's).
+FESTIVAL_VOICES = ("ked_diphone",)
 
 
 @dataclass
@@ -49,7 +53,7 @@ class Clip:
     split: str
     character: Character
     voice: str
-    rate: int  # espeak words per minute
+    rate: int  # words per minute (espeak's; Festival's duration stretch is 175 / rate)
     sentences: list[str]
     sentence_ids: list[int]
     audio: np.ndarray  # (n,) float32 at sample_rate (augmented if augmentation was on)
@@ -79,15 +83,15 @@ def _rng(split: str, index: int, seed: int) -> np.random.Generator:
 
 
 def _speech(
-    texts: list[str], voice: str, rate: int, pitch: int, prange: int, rng: np.random.Generator
+    texts: list[str], say: Callable[[str], Speech], rng: np.random.Generator
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Speak each text and join them with silences; timings in 16 kHz samples."""
+    """Speak each text with ``say`` and join them with silences; timings in 16 kHz samples."""
     parts: list[np.ndarray] = [np.zeros(int(rng.uniform(0.15, 0.8) * SAMPLE_RATE), np.float32)]
     phonemes: list[str] = []
     starts: list[np.ndarray] = []
     offset = len(parts[0])
     for k, text in enumerate(texts):
-        sp = speak(text, voice, rate, pitch, prange)
+        sp = say(text)
         audio = resample(sp.audio, sp.sample_rate, SAMPLE_RATE)
         st = np.floor(sp.starts * (len(audio) / max(1, len(sp.audio)))).astype(np.int64)
         parts.append(audio)
@@ -123,6 +127,7 @@ def make_clip(
     render: bool = True,
     augment: bool | None = None,
     characters: int | None = None,
+    festival_share: float = 0.0,
 ) -> Clip:
     """Build clip ``index`` of ``split`` (deterministic in all arguments).
 
@@ -135,6 +140,9 @@ def make_clip(
         render: draw the frames (False: parameters, boxes and audio only; much faster).
         augment: audio augmentation and speed perturbation; default on for train only.
         characters: draw characters from the first N seeds of the split (None: the whole range).
+        festival_share: the share of clips a Festival diphone voice says (train split only:
+            ``FESTIVAL_VOICES``; needs Debian's festival and the voices' packages), the rest
+            espeak-ng. 0 draws nothing extra: the clips are those of before.
 
     Returns:
         The clip.
@@ -150,7 +158,19 @@ def make_clip(
     pool = sentence_indices(split)
     ids = [int(i) for i in rng.choice(pool, size=1 if rng.random() < 0.65 else 2, replace=False)]
     texts = [sentence_bank()[i] for i in ids]
-    audio, phonemes, starts = _speech(texts, voice, rate, pitch, prange, rng)
+    if festival_share > 0.0 and split == "train" and rng.random() < festival_share:
+        # A recorded speaker's diphones; its rate and intonation from the same draws.
+        name = str(rng.choice(FESTIVAL_VOICES))
+        voice = f"festival:{name}"
+
+        def say(text: str) -> Speech:
+            return festival_speak(text, name, 175 / rate, 65 + 1.3 * pitch, 5 + 0.3 * prange)
+    else:
+
+        def say(text: str) -> Speech:
+            return speak(text, voice, rate, pitch, prange)
+
+    audio, phonemes, starts = _speech(texts, say, rng)
     info: dict[str, float] = {}
     if do_aug and rng.random() < 0.5:
         info["speed"] = float(rng.uniform(0.9, 1.1))

@@ -45,6 +45,7 @@ def _data(cfg: MotionTrainConfig, out: Path):
         "seed": cfg.seed,
         "variants": cfg.prompt_variants,
         "min_frames": cfg.max_frames,
+        "festival_share": cfg.festival_share,
     }
     data = load_data(out / "motion_data.npz", meta)
     assert data is not None, "the run did not cache its training arrays"
@@ -161,6 +162,7 @@ def test_cli_trains_the_portrait_family(tmp_path: Path, capsys) -> None:
         (["--steps-a2v", "3"], "--steps-a2v"),
         (["--steps", "-1"], "--steps must be >= 0"),
         (["--clips", "0"], "--clips must be >= 1"),
+        (["--festival-share", "1.5"], "--festival-share must be in"),
         (["--preset", "tiny"], "--preset"),
     ],
 )

@@ -24,6 +24,12 @@ def add_args(command: str, group) -> None:
     """The portrait family's own options of ``talkloop train`` and ``talkloop eval``."""
     if command == "train":
         group.add_argument("--steps", type=int, help="motion generator steps")
+        group.add_argument(
+            "--festival-share",
+            type=float,
+            help="share of training clips said by a Festival diphone voice (a recorded "
+            "speaker's) instead of espeak-ng; needs `apt-get install festival festvox-kdlpc16k`",
+        )
         return
     if command == "eval":
         group.add_argument(
@@ -60,6 +66,10 @@ def train(args: argparse.Namespace) -> int:
             if value < low:
                 raise ConfigError(f"--{flag} must be >= {low}, got {value}")
             updates[flag] = value
+    if args.festival_share is not None:
+        if not 0.0 <= args.festival_share <= 1.0:
+            raise ConfigError(f"--festival-share must be in [0, 1], got {args.festival_share}")
+        updates["festival_share"] = args.festival_share
     if args.minutes is not None:
         if args.minutes <= 0:
             raise ConfigError(f"--minutes must be > 0, got {args.minutes}")

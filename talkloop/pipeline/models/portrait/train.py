@@ -57,6 +57,13 @@ class MotionTrainConfig(MaskRecipe):
 
     model: PortraitMotionConfig = PortraitMotionConfig()
     clips: int = Field(3000, ge=1, description="training clips (synthetic train split)")
+    festival_share: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of training clips a Festival diphone voice says instead of espeak-ng "
+        "(``make_clip``; needs Debian's festival and festvox-kdlpc16k)",
+    )
     val_clips: int = Field(48, ge=0, description="validation clips for the logged val loss")
     seed: int = Field(0, ge=0)
     steps: int = Field(16000, ge=0, le=10_000_000)
@@ -185,16 +192,17 @@ def build_data(
     text_encoder: TextEncoder,
     min_frames: int = 1,
     progress: bool = True,
+    festival_share: float = 0.0,
 ) -> MotionData:
     """Generate ``count`` clips of ``split`` and reduce them to training arrays.
 
     Variant 0 of the prompts is the clip's own; the others describe its style with freshly drawn
     phrases of the same bank (train or held-out), so the words, not one sentence, carry it.
-    Clips shorter than ``min_frames`` are skipped.
+    Clips shorter than ``min_frames`` are skipped; ``festival_share`` goes to ``make_clip``.
     """
     feats, params, lengths, prompts = [], [], [], []
     for index in progress_bar(range(count), desc=f"{split} clips", enabled=progress):
-        clip = make_clip(split, index, seed, render=False)
+        clip = make_clip(split, index, seed, render=False, festival_share=festival_share)
         if clip.num_frames < min_frames:
             continue
         feats.append(audio_features(clip.audio, clip.num_frames, clip.fps, encoder).half())
@@ -265,6 +273,7 @@ def cached_data(
     text_encoder: TextEncoder,
     min_frames: int,
     progress: bool,
+    festival_share: float = 0.0,
 ) -> MotionData:
     """:func:`build_data` through an ``.npz`` cache (rebuilt when made with other settings)."""
     meta = {
@@ -273,10 +282,21 @@ def cached_data(
         "seed": seed,
         "variants": variants,
         "min_frames": min_frames,
+        "festival_share": festival_share,
     }
     data = load_data(cache, meta)
     if data is None:
-        data = build_data(split, count, seed, variants, encoder, text_encoder, min_frames, progress)
+        data = build_data(
+            split,
+            count,
+            seed,
+            variants,
+            encoder,
+            text_encoder,
+            min_frames,
+            progress,
+            festival_share,
+        )
         save_data(data, cache, meta)
     return data
 
@@ -425,7 +445,9 @@ class MotionTrainer:
         encoder = load_audio_encoder()
         text_encoder = TextEncoder(TextEncoderConfig())
         args = (encoder, text_encoder, cfg.max_frames, self.progress)
-        train = cached_data(self.cache, "train", cfg.clips, cfg.seed, cfg.prompt_variants, *args)
+        train = cached_data(
+            self.cache, "train", cfg.clips, cfg.seed, cfg.prompt_variants, *args, cfg.festival_share
+        )
         val = None
         if cfg.val_clips:
             val_cache = self.cache.with_name(self.cache.stem + "_val.npz")

@@ -1,0 +1,114 @@
+"""Festival (Debian's ``festival``) as a second synthesiser: speech made of a real voice's
+recorded diphones, with its phone times, for training data beyond espeak.
+
+espeak-ng's formant synthesis sounds like no person; a diphone voice concatenates pieces of one
+speaker's recordings, so its acoustics (glottal pulses, formant transitions, breath) are a
+person's while its phone times are exact. :func:`festival_speak` runs ``festival --pipe`` once per
+utterance, saves the wave and the segment times (``utt.save.segs``: each phone's end time in
+seconds), and returns them as an :class:`~talkloop.pipeline.audio.espeak.Speech` whose phones are
+espeak-ng's mnemonics (:data:`ARPABET_TO_ESPEAK`), so everything that reads espeak's phones
+(visemes, stress) reads these unchanged. Festival's diphone voices are deterministic: the same
+arguments give the same samples.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from talkloop.pipeline.audio.espeak import Speech
+from talkloop.pipeline.audio.pcm import pcm16_to_float
+from talkloop.pipeline.core.errors import ConfigError
+
+# Festival's US English phone set (``radio``, ARPAbet in lower case) -> espeak-ng mnemonics,
+# the names talkloop/pipeline/synth/visemes.py knows.
+ARPABET_TO_ESPEAK = {
+    "aa": "A:", "ae": "a", "ah": "V", "ao": "O:", "aw": "aU", "ax": "@", "axr": "3",
+    "ay": "aI", "eh": "E", "er": "3:", "ey": "eI", "ih": "I", "iy": "i:", "ow": "oU",
+    "oy": "OI", "uh": "U", "uw": "u:",
+    "b": "b", "ch": "tS", "d": "d", "dh": "D", "dx": "t", "el": "l", "em": "m", "en": "n",
+    "f": "f", "g": "g", "hh": "h", "jh": "dZ", "k": "k", "l": "l", "m": "m", "n": "n",
+    "ng": "N", "nx": "n", "p": "p", "r": "r", "s": "s", "sh": "S", "t": "t", "th": "T",
+    "v": "v", "w": "w", "y": "j", "z": "z", "zh": "Z",
+    "pau": "_", "h#": "_", "#": "_",
+}  # fmt: skip
+# US English diphone voices of Debian's main archive, by the package that ships them.
+VOICE_PACKAGES = {"ked_diphone": "festvox-kdlpc16k", "kal_diphone": "festvox-kallpc16k"}
+
+
+def festival_speak(
+    text: str, voice: str = "ked_diphone", stretch: float = 1.0, f0_mean: float = 105.0,
+    f0_std: float = 15.0,
+) -> Speech:  # fmt: skip
+    """Say ``text`` with a Festival voice.
+
+    Args:
+        text: what to say (English; quotes and backslashes are dropped).
+        voice: a Festival voice name (``VOICE_PACKAGES`` lists the ones talkloop knows).
+        stretch: duration factor (above 1: slower speech).
+        f0_mean: the intonation's mean pitch, Hz.
+        f0_std: its spread, Hz.
+
+    Returns:
+        The audio at the voice's own rate, phones as espeak-ng mnemonics and their start
+        samples; like espeak's, the audio ends where the closing pause begins.
+
+    Raises:
+        ConfigError: festival or the voice is not installed (the message names the packages),
+            or festival failed.
+    """
+    package = VOICE_PACKAGES.get(voice, f"the package of the voice {voice}")
+    if shutil.which("festival") is None:
+        raise ConfigError(
+            f"festival is not installed: training data with Festival voices needs "
+            f"`apt-get install festival {package}`"
+        )
+    clean = " ".join(text.replace('"', " ").replace("\\", " ").split())
+    with tempfile.TemporaryDirectory(prefix="talkloop-festival-") as tmp:
+        wav, segs = Path(tmp) / "say.wav", Path(tmp) / "say.segs"
+        script = (
+            f"(voice_{voice})\n"
+            f"(Parameter.set 'Duration_Stretch {stretch:.4f})\n"
+            f"(set! int_lr_params '((target_f0_mean {f0_mean:.2f}) (target_f0_std {f0_std:.2f})"
+            f" (model_f0_mean 170) (model_f0_std 34)))\n"
+            f'(set! u (utt.synth (Utterance Text "{clean}")))\n'
+            f'(utt.save.wave u "{wav}" \'riff)\n'
+            f'(utt.save.segs u "{segs}")\n'
+        )
+        done = subprocess.run(
+            ["festival", "--pipe"], input=script, capture_output=True, text=True, timeout=120
+        )
+        # Festival reports an error and goes on with the next line (a missing voice: its default).
+        if "SIOD ERROR" in done.stderr + done.stdout or not wav.is_file() or not segs.is_file():
+            said = (done.stderr + done.stdout).strip()[-300:]
+            raise ConfigError(
+                f"festival could not say {clean[:40]!r} with voice {voice!r} ({said or 'no output'});"
+                f" is the voice installed? `apt-get install {package}`"
+            )
+        with wave.open(str(wav)) as w:
+            rate = w.getframerate()
+            pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+        ends, names = [], []
+        for line in segs.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0] != "#":
+                ends.append(float(parts[0]))
+                names.append(parts[2])
+    unknown = sorted({n for n in names if n not in ARPABET_TO_ESPEAK})
+    if unknown:
+        raise ConfigError(f"festival voice {voice!r} uses phones talkloop does not map: {unknown}")
+    starts = np.round(np.array([0.0, *ends[:-1]]) * rate).astype(np.int64)
+    phones = [ARPABET_TO_ESPEAK[n] for n in names]
+    # The audio ends where the closing pause begins, as espeak's Speech does.
+    end = int(starts[-1]) if phones and phones[-1] == "_" else len(pcm)
+    if phones and phones[-1] == "_":
+        phones, starts = phones[:-1], starts[:-1]
+    audio = np.zeros(end, np.float32)
+    m = min(end, len(pcm))
+    audio[:m] = pcm16_to_float(pcm[:m])
+    return Speech(audio, phones, np.minimum(np.maximum.accumulate(starts), end), rate)
