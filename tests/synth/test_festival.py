@@ -59,6 +59,11 @@ def test_same_arguments_same_samples_and_the_rate_and_pitch_are_honoured() -> No
     assert _pitch(high.audio, high.sample_rate) > 1.4 * _pitch(a.audio, a.sample_rate)
 
 
+def test_empty_text_is_refused_as_empty_not_as_a_missing_voice() -> None:
+    with pytest.raises(ConfigError, match="text is empty"):
+        festival_speak(' " ')
+
+
 def test_an_unknown_voice_names_the_package_to_install() -> None:
     with pytest.raises(ConfigError, match="apt-get install"):
         festival_speak(TEXT, voice="no_such_voice")

@@ -69,6 +69,8 @@ def festival_speak(
             f"`apt-get install festival {package}`"
         )
     clean = " ".join(text.replace('"', " ").replace("\\", " ").split())
+    if not clean:
+        raise ConfigError("festival has nothing to say: the text is empty")
     with tempfile.TemporaryDirectory(prefix="talkloop-festival-") as tmp:
         wav, segs = Path(tmp) / "say.wav", Path(tmp) / "say.segs"
         script = (
@@ -80,9 +82,12 @@ def festival_speak(
             f'(utt.save.wave u "{wav}" \'riff)\n'
             f'(utt.save.segs u "{segs}")\n'
         )
-        done = subprocess.run(
-            ["festival", "--pipe"], input=script, capture_output=True, text=True, timeout=120
-        )
+        try:
+            done = subprocess.run(
+                ["festival", "--pipe"], input=script, capture_output=True, text=True, timeout=120
+            )
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"festival took over 120 s to say {clean[:40]!r}") from None
         # Festival reports an error and goes on with the next line (a missing voice: its default).
         if "SIOD ERROR" in done.stderr + done.stdout or not wav.is_file() or not segs.is_file():
             said = (done.stderr + done.stdout).strip()[-300:]
@@ -102,7 +107,8 @@ def festival_speak(
     unknown = sorted({n for n in names if n not in ARPABET_TO_ESPEAK})
     if unknown:
         raise ConfigError(f"festival voice {voice!r} uses phones talkloop does not map: {unknown}")
-    starts = np.round(np.array([0.0, *ends[:-1]]) * rate).astype(np.int64)
+    # Each phone starts where the one before it ended.
+    starts = np.round(np.array([0.0, *ends])[: len(names)] * rate).astype(np.int64)
     phones = [ARPABET_TO_ESPEAK[n] for n in names]
     # The audio ends where the closing pause begins, as espeak's Speech does.
     end = int(starts[-1]) if phones and phones[-1] == "_" else len(pcm)
