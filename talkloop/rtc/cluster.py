@@ -123,7 +123,7 @@ class ClusterServer:
         self.by_token: dict[str, RemoteCall] = {}
         self.idle: list[Host] = []  # warm actors waiting for a page
         self._warming: list[asyncio.Future[Host]] = []  # actors being placed and prepared
-        self._claiming = 0  # warming actors a page is already waiting for
+        self._claiming = 0  # pages holding a slot while their actor is taken and started
         self._numbers: set[int] = set()  # call numbers of running calls
 
     # -- capacity ------------------------------------------------------------------------------
@@ -176,17 +176,50 @@ class ClusterServer:
 
     async def _take(self) -> Host | None:
         """An actor for a new page: a warm one, the one warming first, or a new one; None
-        when every slot is taken."""
+        when every slot is taken. The caller already holds its slot in ``_claiming``."""
         if self.idle:
             return self.idle.pop(0)
         if not self._warming:
-            if self.free_slots() < 1:
+            if self.free_slots() < 0:  # the caller's own claim is counted in free_slots
                 return None
             self._warm_one()
-        future = self._warming.pop(0)
+        return await self._warming.pop(0)
+
+    async def _claim(self, ws: ServerConnection, query: Query) -> RemoteCall | str:
+        """The page's call started on an actor and counted in ``placed``, or why not (the
+        ``busy`` message). A RayTaskError (the networks would not load) is raised.
+
+        From its first step until then the page holds one slot in ``_claiming``: an actor
+        taken from ``idle`` or ``_warming`` is in neither list while it starts, and uncounted it
+        let ``_replenish`` warm an actor for a slot that was not free, which then made the next
+        page wait ``place_timeout_s`` for it instead of hearing ``busy`` at once."""
+        ray = self.ray
         self._claiming += 1
         try:
-            return await future
+            for _ in range(2):  # a warm actor whose node died meanwhile: once more, with another
+                try:
+                    host = await self._take()
+                except ray.exceptions.RayTaskError:
+                    raise
+                except (TimeoutError, ray.exceptions.RayError) as err:
+                    log.info("call not placed: %r", err)
+                    host = None
+                if host is None:
+                    return "every call slot of the cluster is taken; try again later"
+                # the lowest free number, taken now: another page may be starting meanwhile
+                number = min(set(range(1, len(self._numbers) + 2)) - self._numbers)
+                self._numbers.add(number)
+                try:
+                    await asyncio.wait_for(host.actor.start.remote(query, number), RELAY_TIMEOUT_S)
+                except (TimeoutError, ray.exceptions.RayError) as err:
+                    log.info("warm actor on node %s lost: %r", host.node[:8], err)
+                    ray.kill(host.actor, no_restart=True)
+                    self._numbers.discard(number)
+                    continue
+                call = RemoteCall(host.actor, ws, number, host.node)
+                self.placed.append(call)
+                return call
+            return "no node could take the call now; try again later"
         finally:
             self._claiming -= 1
 
@@ -213,37 +246,17 @@ class ClusterServer:
 
     async def _place(self, ws: ServerConnection, query: Query) -> None:
         """The page route: the page's call placed on an actor, its messages relayed."""
-        ray = self.ray
-        call = None
-        for _ in range(2):  # a warm actor whose node died meanwhile: once more, with another
-            try:
-                host = await self._take()
-            except ray.exceptions.RayTaskError as err:  # the networks would not load
-                log.warning("could not open a call: %s", err.cause)
-                with contextlib.suppress(ConnectionClosed):
-                    await ws.send(error("internal", f"could not open a call: {err.cause}"))
-                    await ws.close(1011, "call failed")
-                return
-            except (TimeoutError, ray.exceptions.RayError) as err:
-                log.info("call not placed: %r", err)
-                host = None
-            if host is None:
-                self._replenish()
-                await self._busy(ws, "every call slot of the cluster is taken; try again later")
-                return
-            number = min(set(range(1, len(self._numbers) + 2)) - self._numbers)
-            try:
-                await asyncio.wait_for(host.actor.start.remote(query, number), RELAY_TIMEOUT_S)
-            except (TimeoutError, ray.exceptions.RayError) as err:
-                log.info("warm actor on node %s lost: %r", host.node[:8], err)
-                ray.kill(host.actor, no_restart=True)
-                continue
-            self._numbers.add(number)
-            call = RemoteCall(host.actor, ws, number, host.node)
-            self.placed.append(call)
-            break
-        if call is None:
-            await self._busy(ws, "no node could take the call now; try again later")
+        try:
+            call = await self._claim(ws, query)
+        except self.ray.exceptions.RayTaskError as err:  # the networks would not load
+            log.warning("could not open a call: %s", err.cause)
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(error("internal", f"could not open a call: {err.cause}"))
+                await ws.close(1011, "call failed")
+            return
+        if isinstance(call, str):
+            self._replenish()
+            await self._busy(ws, call)
             return
         self._replenish()
         log.info("call %d on node %s (%d active)", call.number, call.node[:8], len(self.placed))
@@ -253,7 +266,7 @@ class ClusterServer:
             await self._forward(ws, call, call.actor.page_messages.remote)
         except ConnectionClosed:
             pass
-        except (TimeoutError, ray.exceptions.RayError) as err:
+        except (TimeoutError, self.ray.exceptions.RayError) as err:
             await self._lost(call, err)
         finally:
             await self._release(call)

@@ -34,7 +34,13 @@ def run_cluster_scenario(script: str, *args: str, timeout: float = 400) -> dict:
         "HF_HUB_OFFLINE": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as err:  # its progress lines say where it stopped
+        said = err.stderr.decode(errors="replace") if isinstance(err.stderr, bytes) else ""
+        raise AssertionError(
+            f"scenario {script} ran past {timeout:.0f} s:\n{said[-6000:]}"
+        ) from None
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise AssertionError(

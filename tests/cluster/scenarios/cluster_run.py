@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import json
 import subprocess
 import sys
@@ -163,6 +164,7 @@ async def calls(cluster: Cluster, seconds: float, speech: np.ndarray) -> dict:
     third = asyncio.ensure_future(page_call(url, never, silence, c))  # both slots are taken
     await asyncio.wait_for(third, 10)
     out["third"] = c["msgs"]
+    note("third page answered")
     stop_agents, speak = asyncio.Event(), asyncio.Event()
     ag_a, ag_b = {}, {}
     t_ag_a = asyncio.ensure_future(agent(url, a["session"]["token"], ag_a, stop_agents))
@@ -186,6 +188,7 @@ async def calls(cluster: Cluster, seconds: float, speech: np.ndarray) -> dict:
         await asyncio.sleep(0.1)
     await asyncio.sleep(max(1.0, out["kill_at"] + seconds - time.monotonic()))
     out["hangup_at"] = time.monotonic()
+    note("pages hang up")
     hangup.set()
     await asyncio.wait_for(asyncio.gather(t_a, t_b), 30)
     stop_agents.set()
@@ -196,6 +199,7 @@ async def calls(cluster: Cluster, seconds: float, speech: np.ndarray) -> dict:
         await asyncio.sleep(0.1)
     out["calls_left"] = len(server.placed)
     await server.stop()
+    note("front stopped")
     out.update(a=a, b=b, agent_a=ag_a, agent_b=ag_b)
     return out
 
@@ -206,6 +210,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=14.0)
     ap.add_argument("--skip-batch", action="store_true")
     args = ap.parse_args()
+    # A hang prints every thread's stack (to the test's report) before the test's own bound.
+    faulthandler.dump_traceback_later(500, exit=True)
     speech = load_audio(HELLO_WAV, 16000)
     t0 = time.monotonic()
     cluster = Cluster(
