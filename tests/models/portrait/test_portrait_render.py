@@ -304,6 +304,29 @@ def test_mouth_cavity_grows_with_mouth_open(who, request):
     assert dark[-1] - dark[0] > 0.08 * np.ptp(lips) ** 2, dark
 
 
+@pytest.mark.parametrize("who", ["collins", "luis", "hopper"])
+def test_an_open_mouth_shows_the_tongue_low_in_the_opening_at_tongue_zero(who, request):
+    """Speech mostly asks for tongue 0; an open mouth still shows the tongue's back above the
+    lower teeth (not a flat dark hole), more of it the wider the mouth, never above the middle
+    of the opening."""
+    p, r = request.getfixturevalue(who)
+    opens = np.array([0.3, 0.6, 1.0], np.float32)
+    params = _params(len(opens), mouth_open=opens, jaw=0.8 * opens)
+    shown = []
+    for f, m in zip(r.render(params), _moved(r, params), strict=True):
+        inside = _between_lips(f.shape, m, -1)
+        rgb = f.astype(np.float32)
+        # the tongue: red, lit (the cavity is darker, the teeth and lips are not this red)
+        tongue = inside & (rgb[..., 0] > 1.5 * rgb[..., 1]) & (_luma(f) > 75)
+        rows = np.nonzero(inside.any(1))[0]
+        mid = 0.5 * (rows.min() + rows.max())
+        ys = np.nonzero(tongue)[0]
+        assert ys.size and np.median(ys) > mid, (ys.size, mid)
+        shown.append(int(tongue.sum()))
+    assert shown[0] < shown[1] < shown[2], shown
+    assert shown[2] > 0.05 * _between_lips(f.shape, m, -1).sum(), shown
+
+
 HEAD_MOTIONS = {
     "rest": {},
     "none": {"mouth_open": 0.8, "jaw": 0.6, "teeth": 1.0, "smile": 0.5, "blink": 1.0},

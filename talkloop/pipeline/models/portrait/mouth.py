@@ -3,12 +3,13 @@
 The interior is a stack of layers, each a fixed texture of this photo made once and hung from a
 jaw, so the teeth are the same in every frame: the upper teeth ride the skull, the lower teeth
 and the tongue the lower jaw (the rig's teeth anchors give both frames as similarities), over a
-dark cavity whose light follows the opening. Where the photo shows its upper teeth they are the
-photo's own pixels (continued up under the upper lip, and at the sides down under the lower
-lip to the front teeth's edge line); otherwise, and for the lower teeth always, a template
-coloured and lit from the photo. The lips' inner edges shade the
-layers (the upper lip's shadow, no drawn outline), and until the lips part well the teeth and
-tongue lie in their shadow (a slit shows them dim, never as a bright line).
+dark cavity whose light follows the opening. The tongue's back shows low in every open mouth,
+rising out of the cavity's shade, and its parameter lifts it further. Where the photo shows its
+upper teeth they are the photo's own pixels (continued up under the upper lip, and at the sides
+down under the lower lip to the front teeth's edge line); otherwise, and for the lower teeth
+always, a template coloured and lit from the photo. The lips' inner edges shade the layers
+(the upper lip's shadow, no drawn outline), and until the lips part well the teeth and tongue
+lie in their shadow (a slit shows them dim, never as a bright line).
 
 The opening is the moved inner-lip polygon with rounded ends: its level set after a blur as
 wide as a fraction of the opening, so the lips stay in contact for a short length at each
@@ -48,6 +49,8 @@ UPPER_TEETH = 0.09  # visible height the upper teeth texture spans (more hides u
 LOWER_TEETH = 0.07
 TONGUE_REST = -0.012  # the tongue's top this far below the lower teeth's edge (jaw frame)
 TONGUE_RISE = 0.025  # how far tongue 1 lifts it (plus half the jaw's opening)
+TONGUE_SHOW = 0.15  # share of the jaw's opening the tongue rises at tongue 0 (its back, seen)
+TONGUE_FADE = 0.02  # how far below its top edge the tongue comes out of the cavity's shade
 TEETH_LIT = 0.06  # openings (face heights) from which the teeth are fully lit
 TEETH_DARK = 0.3  # their share of the light in a closing slit
 SHADOW = 0.45  # the light in the lips' shadow: this share of the lips' colour
@@ -286,11 +289,15 @@ class MouthPainter:
             np.float32
         )
 
-        # Tongue: a mound on the floor of the mouth, lower at the sides.
+        # Tongue: a mound on the floor of the mouth, lower at the sides. Its top edge is its
+        # back, turning away into the dark of the mouth: it comes out of the cavity's shade
+        # over TONGUE_FADE (no edge like a lip's), lit most a little below it.
         top = seam_v + (TONGUE_REST - LOWER_EDGE + 0.03 * a**2) * s
         depth = v - top
         alpha = np.clip(depth + 0.5, 0, 1) * np.clip((0.85 - a) * 5, 0, 1)
+        back = np.clip(depth / (TONGUE_FADE * s), 0, 1)
         lum = (0.72 + 0.28 * (1 - a**2)) * (1 - 0.35 * np.clip(depth / (0.05 * s), 0, 1))
+        lum *= 0.45 + 0.55 * back * back * (3 - 2 * back)
         self.tongue = np.dstack([self.tongue_rgb[None, None] * lum[..., None], alpha]).astype(
             np.float32
         )
@@ -484,9 +491,12 @@ class MouthPainter:
         img = (self.cavity_rgb * light).astype(np.float32)[None, None] * lum[..., None]
         skull = _similarity(self.seam, teeth_up)
         jaw = _similarity(self.seam, teeth_lo)
-        # The tongue rises in the jaw's frame: towards the upper teeth as the jaw opens.
+        # The tongue rises in the jaw's frame: towards the upper teeth as the jaw opens. Even
+        # lying flat its back shows above the lower teeth in an open mouth (a camera in front
+        # of the face looks along its surface), so it rises a share of the opening at tongue 0.
         jaw_open = float(np.mean(np.linalg.norm(teeth_lo - teeth_up, axis=1)))
-        rise = tongue * (TONGUE_RISE * self.scale + 0.5 * jaw_open)
+        share = TONGUE_SHOW + tongue * (0.5 - TONGUE_SHOW)
+        rise = share * jaw_open + tongue * TONGUE_RISE * self.scale
         lift = np.eye(3)[:2].copy()
         lift[:, 2] = -rise * self.axes[1]
         tongue_m = np.vstack([jaw, [0, 0, 1]]) @ np.vstack([lift, [0, 0, 1]])
