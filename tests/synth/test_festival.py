@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import wave
+
 import numpy as np
 import pytest
 
-from talkloop.pipeline.audio.festival import ARPABET_TO_ESPEAK, festival_speak
+from talkloop.pipeline.audio.festival import ARPABET_TO_ESPEAK, festival_say, festival_speak
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.synth.dataset import make_clip
 from talkloop.pipeline.synth.visemes import _CONSONANT, is_pause, is_vowel, viseme_targets
@@ -67,6 +69,22 @@ def test_empty_text_is_refused_as_empty_not_as_a_missing_voice() -> None:
 def test_an_unknown_voice_names_the_package_to_install() -> None:
     with pytest.raises(ConfigError, match="apt-get install"):
         festival_speak(TEXT, voice="no_such_voice")
+
+
+def test_festival_say_writes_the_wave_and_the_voices_own_phones(tmp_path) -> None:
+    """The lower step the test voices are made with: ARPAbet as the voice names it, pauses
+    included, end times rising to the wave's end; a voice festival lacks is refused, not said
+    with its default voice."""
+    wav = tmp_path / "say.wav"
+    segments = festival_say(TEXT, "ked_diphone", wav)
+    ends = [end for end, _ in segments]
+    names = [name for _, name in segments]
+    assert names[0] == names[-1] == "pau" and names.count("m") == 4 and names.count("b") == 2
+    assert all(b > a for a, b in zip(ends, ends[1:], strict=False))
+    with wave.open(str(wav)) as w:
+        assert 0.0 <= w.getnframes() / w.getframerate() - ends[-1] < 0.1  # the wave's end
+    with pytest.raises(ConfigError, match="apt-get install"):
+        festival_say(TEXT, "no_such_voice", tmp_path / "other.wav")
 
 
 def test_training_clips_mix_festival_and_espeak_only_when_asked() -> None:

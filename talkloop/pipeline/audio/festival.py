@@ -3,10 +3,10 @@ recorded diphones, with its phone times, for training data beyond espeak.
 
 espeak-ng's formant synthesis sounds like no person; a diphone voice concatenates pieces of one
 speaker's recordings, so its acoustics (glottal pulses, formant transitions, breath) are a
-person's while its phone times are exact. :func:`festival_speak` runs ``festival --pipe`` once per
-utterance, saves the wave and the segment times (``utt.save.segs``: each phone's end time in
-seconds), and returns them as an :class:`~talkloop.pipeline.audio.espeak.Speech` whose phones are
-espeak-ng's mnemonics (:data:`ARPABET_TO_ESPEAK`), so everything that reads espeak's phones
+person's while its phone times are exact. :func:`festival_say` runs ``festival --pipe`` once per
+utterance and saves the wave and the segment times (``utt.save.segs``: each phone's end time in
+seconds); :func:`festival_speak` returns them as an :class:`~talkloop.pipeline.audio.espeak.Speech`
+whose phones are espeak-ng's mnemonics (:data:`ARPABET_TO_ESPEAK`), so everything that reads espeak's phones
 (visemes, stress) reads these unchanged. Festival's diphone voices are deterministic: the same
 arguments give the same samples.
 """
@@ -41,11 +41,62 @@ ARPABET_TO_ESPEAK = {
 VOICE_PACKAGES = {"ked_diphone": "festvox-kdlpc16k", "kal_diphone": "festvox-kallpc16k"}
 
 
+def festival_say(text: str, voice: str, wav: Path, settings: str = "") -> list[tuple[float, str]]:
+    """Have Festival say ``text`` into ``wav`` (RIFF, the voice's own rate).
+
+    Args:
+        text: what to say (English; quotes and backslashes are dropped).
+        voice: a Festival voice name (``VOICE_PACKAGES`` lists the ones talkloop knows).
+        wav: the file to write; the segment times go next to it (``.segs``).
+        settings: Scheme lines run after the voice is chosen (prosody).
+
+    Returns:
+        Each segment's end time in seconds and its label as the voice names it (ARPAbet, pauses
+        included), in order.
+
+    Raises:
+        ConfigError: festival or the voice is not installed (the message names the packages),
+            the text is empty, or festival failed. Festival itself reports a missing voice and
+            goes on with its default one: that is caught here, not written as the voice's.
+    """
+    package = VOICE_PACKAGES.get(voice, f"the package of the voice {voice}")
+    if shutil.which("festival") is None:
+        raise ConfigError(
+            f"festival is not installed: speech from Festival voices needs "
+            f"`apt-get install festival {package}`"
+        )
+    clean = " ".join(text.replace('"', " ").replace("\\", " ").split())
+    if not clean:
+        raise ConfigError("festival has nothing to say: the text is empty")
+    segs = wav.with_suffix(".segs")
+    script = (
+        f"(voice_{voice})\n{settings}"
+        f'(set! u (utt.synth (Utterance Text "{clean}")))\n'
+        f'(utt.save.wave u "{wav}" \'riff)\n'
+        f'(utt.save.segs u "{segs}")\n'
+    )
+    try:
+        done = subprocess.run(
+            ["festival", "--pipe"], input=script, capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"festival took over 120 s to say {clean[:40]!r}") from None
+    # Festival reports an error and goes on with the next line (a missing voice: its default).
+    if "SIOD ERROR" in done.stderr + done.stdout or not wav.is_file() or not segs.is_file():
+        said = (done.stderr + done.stdout).strip()[-300:]
+        raise ConfigError(
+            f"festival could not say {clean[:40]!r} with voice {voice!r} ({said or 'no output'});"
+            f" is the voice installed? `apt-get install {package}`"
+        )
+    rows = [line.split() for line in segs.read_text().splitlines()]
+    return [(float(r[0]), r[2]) for r in rows if len(r) == 3 and r[0] != "#"]
+
+
 def festival_speak(
     text: str, voice: str = "ked_diphone", stretch: float = 1.0, f0_mean: float = 105.0,
     f0_std: float = 15.0,
 ) -> Speech:  # fmt: skip
-    """Say ``text`` with a Festival voice.
+    """Say ``text`` with a Festival voice (:func:`festival_say`), as espeak's ``Speech``.
 
     Args:
         text: what to say (English; quotes and backslashes are dropped).
@@ -59,51 +110,21 @@ def festival_speak(
         samples; like espeak's, the audio ends where the closing pause begins.
 
     Raises:
-        ConfigError: festival or the voice is not installed (the message names the packages),
-            or festival failed.
+        ConfigError: as :func:`festival_say`.
     """
-    package = VOICE_PACKAGES.get(voice, f"the package of the voice {voice}")
-    if shutil.which("festival") is None:
-        raise ConfigError(
-            f"festival is not installed: training data with Festival voices needs "
-            f"`apt-get install festival {package}`"
-        )
-    clean = " ".join(text.replace('"', " ").replace("\\", " ").split())
-    if not clean:
-        raise ConfigError("festival has nothing to say: the text is empty")
+    settings = (
+        f"(Parameter.set 'Duration_Stretch {stretch:.4f})\n"
+        f"(set! int_lr_params '((target_f0_mean {f0_mean:.2f}) (target_f0_std {f0_std:.2f})"
+        f" (model_f0_mean 170) (model_f0_std 34)))\n"
+    )
     with tempfile.TemporaryDirectory(prefix="talkloop-festival-") as tmp:
-        wav, segs = Path(tmp) / "say.wav", Path(tmp) / "say.segs"
-        script = (
-            f"(voice_{voice})\n"
-            f"(Parameter.set 'Duration_Stretch {stretch:.4f})\n"
-            f"(set! int_lr_params '((target_f0_mean {f0_mean:.2f}) (target_f0_std {f0_std:.2f})"
-            f" (model_f0_mean 170) (model_f0_std 34)))\n"
-            f'(set! u (utt.synth (Utterance Text "{clean}")))\n'
-            f'(utt.save.wave u "{wav}" \'riff)\n'
-            f'(utt.save.segs u "{segs}")\n'
-        )
-        try:
-            done = subprocess.run(
-                ["festival", "--pipe"], input=script, capture_output=True, text=True, timeout=120
-            )
-        except subprocess.TimeoutExpired:
-            raise ConfigError(f"festival took over 120 s to say {clean[:40]!r}") from None
-        # Festival reports an error and goes on with the next line (a missing voice: its default).
-        if "SIOD ERROR" in done.stderr + done.stdout or not wav.is_file() or not segs.is_file():
-            said = (done.stderr + done.stdout).strip()[-300:]
-            raise ConfigError(
-                f"festival could not say {clean[:40]!r} with voice {voice!r} ({said or 'no output'});"
-                f" is the voice installed? `apt-get install {package}`"
-            )
+        wav = Path(tmp) / "say.wav"
+        segments = festival_say(text, voice, wav, settings)
         with wave.open(str(wav)) as w:
             rate = w.getframerate()
             pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
-        ends, names = [], []
-        for line in segs.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[0] != "#":
-                ends.append(float(parts[0]))
-                names.append(parts[2])
+    ends = [end for end, _ in segments]
+    names = [name for _, name in segments]
     unknown = sorted({n for n in names if n not in ARPABET_TO_ESPEAK})
     if unknown:
         raise ConfigError(f"festival voice {voice!r} uses phones talkloop does not map: {unknown}")

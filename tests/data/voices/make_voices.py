@@ -30,6 +30,7 @@ from pathlib import Path
 import av
 import numpy as np
 
+from talkloop.pipeline.audio.festival import festival_say
 from talkloop.pipeline.audio.io import load_audio
 
 HERE = Path(__file__).parent
@@ -68,25 +69,13 @@ def _flite(voice: str, text: str, wav: Path) -> list[tuple[float, str]]:
     return [(float(t), p) for p, t in re.findall(r"(\S+):([0-9.]+)", out)]
 
 
-def _festival(voice: str, text: str, wav: Path) -> list[tuple[float, str]]:
-    segs = wav.with_suffix(".segs")
-    script = (
-        f"(voice_{voice})\n"
-        f'(set! u (utt.synth (Utterance Text "{text}")))\n'
-        f'(utt.save.wave u "{wav}" \'riff)\n'
-        f'(utt.save.segs u "{segs}")\n'
-    )
-    subprocess.run(["festival", "--pipe"], input=script, check=True, text=True)
-    rows = [line.split() for line in segs.read_text().splitlines()[1:] if line.strip()]
-    return [(float(r[0]), r[2]) for r in rows]
-
-
 def make(stem: str, synth: str, voice: str, sentences: tuple[str, ...]) -> None:
     utterances = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, text in enumerate(sentences):
             wav = Path(tmp) / f"{k}.wav"
-            ends = (_flite if synth == "flite" else _festival)(voice, text, wav)
+            # festival_say refuses a voice that is not installed (Festival would use its default)
+            ends = _flite(voice, text, wav) if synth == "flite" else festival_say(text, voice, wav)
             phones, start = [], 0.0
             for end, phone in ends:
                 if phone not in ("pau", "h#", "#"):
