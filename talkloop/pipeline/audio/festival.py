@@ -5,10 +5,11 @@ espeak-ng's formant synthesis sounds like no person; a diphone voice concatenate
 speaker's recordings, so its acoustics (glottal pulses, formant transitions, breath) are a
 person's while its phone times are exact. :func:`festival_say` runs ``festival --pipe`` once per
 utterance and saves the wave and the segment times (``utt.save.segs``: each phone's end time in
-seconds); :func:`festival_speak` returns them as an :class:`~talkloop.pipeline.audio.espeak.Speech`
-whose phones are espeak-ng's mnemonics (:data:`ARPABET_TO_ESPEAK`), so everything that reads espeak's phones
-(visemes, stress) reads these unchanged. Festival's diphone voices are deterministic: the same
-arguments give the same samples.
+seconds); :func:`festival_speak` returns them as an
+:class:`~talkloop.pipeline.audio.espeak.Speech` whose phones are espeak-ng's mnemonics
+(:data:`ARPABET_TO_ESPEAK`), so everything that reads espeak's phones (visemes, stress) reads
+these unchanged. Festival's diphone voices are deterministic: the same arguments give the same
+samples.
 """
 
 from __future__ import annotations
