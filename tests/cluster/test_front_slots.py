@@ -45,9 +45,10 @@ class Actor:
 class StepRay:
     """The calls ClusterServer makes on ``ray``, on a cluster of ``slots`` call slots."""
 
+    RayError = type("RayError", (Exception,), {})
+    # as in Ray: a task's own error is a RayError too (the front must tell them apart)
     exceptions = types.SimpleNamespace(
-        RayError=type("RayError", (Exception,), {}),
-        RayTaskError=type("RayTaskError", (Exception,), {}),
+        RayError=RayError, RayTaskError=type("RayTaskError", (RayError,), {})
     )
 
     def __init__(self, slots: int) -> None:

@@ -69,6 +69,9 @@ def test_empty_text_is_refused_as_empty_not_as_a_missing_voice() -> None:
 def test_an_unknown_voice_names_the_package_to_install() -> None:
     with pytest.raises(ConfigError, match="apt-get install"):
         festival_speak(TEXT, voice="no_such_voice")
+    # a name that is not a Scheme symbol never reaches festival's script
+    with pytest.raises(ConfigError, match="not a Festival voice name"):
+        festival_speak(TEXT, voice="ked_diphone)(exit")
 
 
 def test_festival_say_writes_the_wave_and_the_voices_own_phones(tmp_path) -> None:

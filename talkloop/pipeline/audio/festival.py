@@ -14,6 +14,7 @@ samples.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -57,9 +58,12 @@ def festival_say(text: str, voice: str, wav: Path, settings: str = "") -> list[t
 
     Raises:
         ConfigError: festival or the voice is not installed (the message names the packages),
-            the text is empty, or festival failed. Festival itself reports a missing voice and
+            the voice's name is not one, the text is empty, or festival failed. Festival itself reports a missing voice and
             goes on with its default one: that is caught here, not written as the voice's.
     """
+    # The name goes into Festival's Scheme as a symbol: letters, digits and underscores only.
+    if not re.fullmatch(r"[A-Za-z0-9_]+", voice):
+        raise ConfigError(f"{voice!r} is not a Festival voice name (letters, digits, underscores)")
     package = VOICE_PACKAGES.get(voice, f"the package of the voice {voice}")
     if shutil.which("festival") is None:
         raise ConfigError(
