@@ -27,6 +27,9 @@ class Counter:
         self.n += k
         return self.n
 
+    def plus(self, k: int) -> int:
+        return self.n + k
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -35,6 +38,17 @@ class Counter:
 
     def frames(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.full(shape, self.n % 256, np.uint8)
+
+    def meet(self, folder: str, part: int, parts: int) -> tuple[int, int]:
+        """Leaves a mark, then waits for every part's: only parts that run at once, each in its
+        own process, all return (in one worker one after another the first would time out)."""
+        open(os.path.join(folder, str(part)), "w").close()
+        deadline = time.monotonic() + 30  # a bound on a hang, not a timing
+        while len(os.listdir(folder)) < parts:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"part {part} met {len(os.listdir(folder))} of {parts}")
+            time.sleep(0.01)
+        return part, os.getpid()
 
 
 @pytest.fixture
@@ -105,6 +119,50 @@ def test_an_object_held_everywhere_runs_on_the_least_busy_worker_and_outlives_on
     w1.process.wait(timeout=10)
     with pytest.raises(WorkerLostError):
         a.call("add", 0)
+
+
+def test_parts_of_one_piece_of_work_run_at_once_each_in_its_own_worker(pool, tmp_path) -> None:
+    a = pool.bind(Counter(0), everywhere=True)
+    assert a.width == 2
+    results = a.call_parts("meet", [(str(tmp_path), 0, 2), (str(tmp_path), 1, 2)])
+    assert [part for part, _ in results] == [0, 1]  # in the order of the parts
+    assert {pid for _, pid in results} == set(pool.pids)
+    assert all(w.in_flight == 0 for w in pool._workers)
+
+
+def test_a_parts_error_comes_back_after_the_others_answered_and_the_workers_go_on(pool) -> None:
+    a = pool.bind(Counter(3), everywhere=True)
+    with pytest.raises(ValueError, match="bad input for this object"):
+        a.call_parts("fail", [(), ()])
+    with pytest.raises(TypeError, match="shape"):  # one part fails, the other answers
+        a.call_parts("frames", [((1, 2),), ()])
+    # Every worker answered what it was sent: the next requests get their own answers.
+    assert a.call_parts("plus", [(1,), (2,)]) == [4, 5]
+    assert a.call_each("pid") == pool.pids
+
+
+def test_a_part_whose_worker_died_runs_again_on_a_live_one(pool) -> None:
+    a = pool.bind(Counter(1), everywhere=True)
+    w0, w1 = pool._workers
+    os.kill(w0.process.pid, signal.SIGKILL)
+    w0.process.wait(timeout=10)
+    assert a.width == 1
+    assert a.call_parts("plus", [(1,), (2,)]) == [2, 3]  # both on w1, one after the other
+
+    def lost(*args):  # the worker dies after it was chosen: its part goes to another
+        raise WorkerLostError("gone")
+
+    pool._workers[0] = w0 = type(w1)(())
+    b = pool.bind(Counter(0), everywhere=True)
+    w1.send = lost
+    assert b.call_parts("pid", [(), ()]) == [w0.process.pid, w0.process.pid]
+    del w1.send
+    os.kill(w0.process.pid, signal.SIGKILL)
+    w0.process.wait(timeout=10)
+    w1.process.kill()
+    w1.process.wait(timeout=10)
+    with pytest.raises(WorkerLostError):
+        b.call_parts("pid", [(), ()])
 
 
 def _alive(pool) -> list[int]:

@@ -15,7 +15,9 @@ worker holding the fewest; :meth:`Bound.call` runs one of its methods there and 
 thread waiting without the GIL. An object whose methods never change it (a renderer) can be held
 by every worker instead (``everywhere=True``): each call then runs on the worker with the fewest
 calls in flight, so two calls' chunks spread over the cores however the calls were bound, and a
-dead worker's share goes to the others. An object is forgotten in its workers when its
+dead worker's share goes to the others; :meth:`Bound.call_parts` splits one piece of work over
+several of them at once (a chunk's frames: the chunk is done when its slowest part is, not after
+all of its frames one by one). An object is forgotten in its workers when its
 :class:`Bound` is garbage-collected. A worker that dies fails the calls of the objects it alone
 held, each with :class:`WorkerLostError`; the next :meth:`ProcessPool.bind` starts a new one in
 its place.
@@ -75,8 +77,12 @@ def _serve(conn: Connection, preload: Sequence[str]) -> None:
                 conn.send(("error", RuntimeError(f"{type(err).__name__}: {err}")))
 
 
+_serials = itertools.count()  # the order in which a caller takes several workers' locks
+
+
 class _Worker:
     def __init__(self, preload: Sequence[str]) -> None:
+        self.serial = next(_serials)
         mine, theirs = socket.socketpair()
         fd = theirs.fileno()
         cmd = [sys.executable, "-m", __name__, str(fd), *preload]
@@ -95,22 +101,38 @@ class _Worker:
 
     def request(self, op: str, key: int, payload: Any) -> Any:
         with self.lock:
-            try:
-                if not self.ready:
-                    self.conn.recv()  # ("ready", None): its imports are done
-                    self.ready = True
-                while self.forgotten:
-                    self.conn.send(("forget", self.forgotten.pop(), None))
-                self.conn.send((op, key, payload))
-                status, result = self.conn.recv()
-            except (EOFError, OSError, BrokenPipeError) as err:
-                raise WorkerLostError(
-                    f"the render worker process {self.process.pid} is gone "
-                    f"(exit code {self.process.poll()}): the sessions it served end"
-                ) from err
+            self.send(op, key, payload)
+            return self.receive()
+
+    def send(self, op: str, key: int, payload: Any) -> None:
+        """Send one request (the caller holds ``lock`` until it has the answer: :meth:`receive`).
+        The payload is pickled before anything is written, so a payload that does not pickle
+        raises here and leaves the worker ready for the next request."""
+        try:
+            if not self.ready:
+                self.conn.recv()  # ("ready", None): its imports are done
+                self.ready = True
+            while self.forgotten:
+                self.conn.send(("forget", self.forgotten.pop(), None))
+            self.conn.send((op, key, payload))
+        except (EOFError, OSError) as err:
+            raise self._lost() from err
+
+    def receive(self) -> Any:
+        """The answer to the request :meth:`send` sent; the worker's error raised here."""
+        try:
+            status, result = self.conn.recv()
+        except (EOFError, OSError) as err:
+            raise self._lost() from err
         if status == "error":
             raise result
         return result
+
+    def _lost(self) -> WorkerLostError:
+        return WorkerLostError(
+            f"the render worker process {self.process.pid} is gone "
+            f"(exit code {self.process.poll()}): the sessions it served end"
+        )
 
     @property
     def alive(self) -> bool:
@@ -155,6 +177,65 @@ class Bound:
             finally:
                 with self._lock:
                     worker.in_flight -= 1
+
+    @property
+    def width(self) -> int:
+        """How many live workers hold the object: the parts :meth:`call_parts` runs at once."""
+        return sum(w.alive for w in self._holders)
+
+    def call_parts(self, method: str, parts: Sequence[tuple]) -> list[Any]:
+        """``obj.method(*args)`` for every ``args`` of ``parts``, each on a holder of its own
+        (the least busy), all at once; the results in the order of ``parts``. For an object
+        held everywhere whose work splits (a renderer's frames). A part whose worker dies, or
+        that found no holder of its own, runs again by :meth:`call` on a live one; a part's
+        error is raised here once every other part has answered (each worker stays in step).
+
+        Raises:
+            WorkerLostError: every worker that held the object died.
+        """
+        parts = list(parts)
+        with self._lock:
+            live = sorted((w for w in self._holders if w.alive), key=lambda w: w.in_flight)
+            chosen = live[: len(parts)]
+            for w in chosen:
+                w.in_flight += 1
+        results: list[Any] = [None] * len(parts)
+        redo = list(range(len(chosen), len(parts)))
+        error: BaseException | None = None
+        sent: list[int] = []
+        try:
+            # Every caller takes several workers' locks in one order (their serials), so two
+            # split calls never hold one lock each while waiting for the other's.
+            for i in sorted(range(len(chosen)), key=lambda i: chosen[i].serial):
+                worker = chosen[i]
+                worker.lock.acquire()
+                try:
+                    worker.send("call", self._key, (method, parts[i]))
+                    sent.append(i)
+                except WorkerLostError:
+                    worker.lock.release()
+                    redo.append(i)
+                except BaseException as err:
+                    worker.lock.release()
+                    error = error or err
+            for i in sent:
+                try:
+                    results[i] = chosen[i].receive()
+                except WorkerLostError:
+                    redo.append(i)
+                except BaseException as err:
+                    error = error or err
+                finally:
+                    chosen[i].lock.release()
+        finally:
+            with self._lock:
+                for w in chosen:
+                    w.in_flight -= 1
+        if error is not None:
+            raise error
+        for i in sorted(redo):
+            results[i] = self.call(method, *parts[i])
+        return results
 
     def call_each(self, method: str, *args: Any) -> list[Any]:
         """``obj.method(*args)`` in every holder, one after another (first-use costs)."""

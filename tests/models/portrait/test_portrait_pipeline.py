@@ -8,6 +8,7 @@ import pytest
 from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.core.workers import Bound
 from talkloop.pipeline.models.portrait import stages
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
 
@@ -91,19 +92,26 @@ def test_a_reference_without_a_face_is_refused(pipeline) -> None:
 
 
 def test_render_processes_make_the_frames_the_session_thread_makes(
-    modules, reference, speech
+    modules, reference, speech, monkeypatch
 ) -> None:
-    """``model.render_processes`` (what live calls use): the renderer goes to a worker process
-    when the session opens and renders there; the frames are bit-identical."""
+    """``model.render_processes`` (what live calls use): the renderer goes to the worker
+    processes when the session opens and each chunk's frames are split over them; the frames
+    are bit-identical."""
     audio = speech[: int(1.5 * RATE)]
     here = render_batch(pipeline_of(modules, 0), audio, reference).all_frames()
     pooled_pipeline = pipeline_of(modules, 2)
     (stage,) = pooled_pipeline.phases["publish"].stages
     pool = stage.workers.pool
     assert pool is not None and len(pool.pids) == 2
+    split = []
+    call_parts = Bound.call_parts
+    monkeypatch.setattr(
+        Bound, "call_parts", lambda b, m, parts: split.append(len(parts)) or call_parts(b, m, parts)
+    )
     pooled = render_batch(pooled_pipeline, audio, reference).all_frames()
     assert here.shape == pooled.shape and here.shape[0] >= 30
     assert np.array_equal(here, pooled)
+    assert split and set(split) == {2}  # every chunk's frames in both workers
     assert sum(w.bound for w in pool._workers) in (0, 2)  # the session's renderer, or none
 
 

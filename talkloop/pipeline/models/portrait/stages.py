@@ -31,9 +31,11 @@ class RenderWorkers:
     ``processes`` in that many worker processes shared by every session of the process
     (``model.render_processes``, ``talkloop/pipeline/core/workers.py``). A session's renderer is
     sent to every one of them when the session opens and renders once in each, so its first
-    chunk pays for neither; each chunk renders in the worker with the fewest renders in flight
-    (rendering never changes a renderer), so the calls' chunks spread over the cores. The
-    renderer stays in the session's state too, and the frames are the ones it renders here."""
+    chunk pays for neither. A chunk's frames are split over the workers, each part in the one
+    with the fewest renders in flight (rendering never changes a renderer): a chunk is ready
+    when its slowest part is, and the calls' chunks spread over the cores. The renderer stays
+    in the session's state too, and the frames are the ones it renders here (frame by frame:
+    no frame depends on another)."""
 
     def __init__(self, processes: int = 0) -> None:
         self.pool = shared_pool(processes, (PortraitRenderer.__module__,)) if processes else None
@@ -57,7 +59,11 @@ class RenderWorkers:
             bound = self._bound.get(renderer)
         if bound is None:
             return renderer.render(params)
-        return bound.call("render", params)
+        parts = min(len(params), bound.width)
+        if parts <= 1:
+            return bound.call("render", params)
+        split = np.array_split(params, parts)
+        return np.concatenate(bound.call_parts("render", [(p,) for p in split]))
 
 
 class PortraitReferenceStage(Stage):
