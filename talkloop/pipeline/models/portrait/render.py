@@ -231,8 +231,11 @@ class PortraitRenderer:
                 xy = cv2.add(self._grid, off)
                 if paint:
                     self._exact_mouth(d, xy)
+                # The photo through fixed-point maps (1/32 pixel): cheaper than the float map,
+                # within 2 levels of it (docs/benchmarks.md, "Figures behind code choices").
+                fixed, frac = cv2.convertMaps(xy, None, cv2.CV_16SC2)
                 warped = cv2.remap(
-                    source, xy, None, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
+                    source, fixed, frac, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
                 )
                 alpha = cv2.remap(self.layer.alpha, xy, None, cv2.INTER_LINEAR)
                 # The face itself is never see-through, whatever the mask's edge does there.
