@@ -271,24 +271,27 @@ def negotiated_video_codec(sdp: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m talkloop.rtc.client URL SECONDS OUT.json [--ready]``: a scripted call (looped
-    speech as the microphone, latency stamps read), its measurements written as JSON. The bench
-    runs the client in its own process, as a browser would be, so client work does not share the
-    server's GIL. With ``--ready`` the client prepares everything first (its modules, its
-    microphone's audio), then says ``ready`` on stdout and calls when a line arrives on stdin: a
-    bench starts several calls at one moment, and no call runs while another client still loads
-    (seconds of CPU that a browser elsewhere would not take from the server)."""
+    """``python -m talkloop.rtc.client URL SECONDS OUT.json [--ready] [--stamps]``: a scripted
+    call (looped speech as the microphone), its measurements written as JSON; with ``--stamps``
+    the latency stamp of every frame is read (a server that stamps its frames: ``talkloop bench
+    --live``; reading them took about 7 % of a client's CPU, which ``--calls`` levels, whose
+    server stamps nothing, leave to the server). The bench runs the client in its own process,
+    as a browser would be, so client work does not share the server's GIL. With ``--ready`` the
+    client prepares everything first (its modules, its microphone's audio), then says ``ready``
+    on stdout and calls when a line arrives on stdin: a bench starts several calls at one
+    moment, and no call runs while another client still loads (seconds of CPU that a browser
+    elsewhere would not take from the server)."""
 
     args = list(argv if argv is not None else sys.argv[1:])
-    ready = "--ready" in args
-    url, seconds, out = [a for a in args if a != "--ready"][:3]
+    ready, stamps = "--ready" in args, "--stamps" in args
+    url, seconds, out = [a for a in args if a not in ("--ready", "--stamps")][:3]
     mic = np.concatenate(list(looped_speech(16000, float(seconds) + 5)))
     freeze_loaded()  # no full GC pass walks what loading made, mid-call
     if ready:
         print("ready", flush=True)
         if not sys.stdin.readline():
             return 1  # the bench went away before the start
-    r = asyncio.run(run_call(url, float(seconds), mic=mic, read_stamps=True))
+    r = asyncio.run(run_call(url, float(seconds), mic=mic, read_stamps=stamps))
     data = {k: v for k, v in r.__dict__.items() if k not in ("frames", "audio")}
     with open(out, "w") as f:
         json.dump(data, f)

@@ -24,6 +24,7 @@ def test_live_call_reports_latency_sync_and_memory(tmp_path: Path, capsys) -> No
     assert r["video_frames"] > 0 and r["fps"] > 0 and r["codec"] == "H264"
     assert r["frames_sent"] > 0  # from the last stats message (once a second)
     assert set(r["glass_to_glass_ms"]) == {"p50", "p95", "max", "samples", "unreadable"}
+    assert r["glass_to_glass_ms"]["samples"] > 0  # its client read the frames' stamps
     assert r["av_offset_ms"]["end"] is not None
     # The call's agent spoke a reply, and its first sound reached the client.
     replies = r["reply_latency_ms"]

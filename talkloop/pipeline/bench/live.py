@@ -219,7 +219,7 @@ async def client_call(url: str, seconds: float) -> CallResult:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "client.json"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "talkloop.rtc.client", url, str(seconds), str(out)
+            sys.executable, "-m", "talkloop.rtc.client", url, str(seconds), str(out), "--stamps"
         )
         await proc.wait()
         return CallResult(**json.loads(out.read_text()))
