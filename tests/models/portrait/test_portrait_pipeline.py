@@ -94,9 +94,10 @@ def test_a_reference_without_a_face_is_refused(pipeline) -> None:
 def test_render_processes_make_the_frames_the_session_thread_makes(
     modules, reference, speech, monkeypatch
 ) -> None:
-    """``model.render_processes`` (what live calls use): the renderer goes to the worker
-    processes when the session opens and each chunk's frames are split over them; the frames
-    are bit-identical."""
+    """``model.render_processes`` (what live calls use): the photo's renderer goes to the
+    worker processes when its first session opens, later sessions of the photo render with
+    the copies there, and each chunk's frames are split over the workers; the frames are
+    bit-identical."""
     audio = speech[: int(1.5 * RATE)]
     here = render_batch(pipeline_of(modules, 0), audio, reference).all_frames()
     pooled_pipeline = pipeline_of(modules, 2)
@@ -112,7 +113,12 @@ def test_render_processes_make_the_frames_the_session_thread_makes(
     assert here.shape == pooled.shape and here.shape[0] >= 30
     assert np.array_equal(here, pooled)
     assert split and set(split) == {2}  # every chunk's frames in both workers
-    assert sum(w.bound for w in pool._workers) in (0, 2)  # the session's renderer, or none
+    assert sum(w.bound for w in pool._workers) == 2  # the photo's renderer, in each worker
+    binds = []
+    bind = type(pool).bind
+    monkeypatch.setattr(type(pool), "bind", lambda p, *a, **k: binds.append(1) or bind(p, *a, **k))
+    again = render_batch(pooled_pipeline, audio, reference).all_frames()
+    assert binds == [] and np.array_equal(again, here)  # a second call start sent nothing
 
 
 def pipeline_of(modules, processes: int) -> Pipeline:
@@ -157,13 +163,15 @@ def test_prepared_photos_are_bounded(modules, reference) -> None:
 
 def test_sessions_of_one_photo_render_in_every_worker(modules, reference) -> None:
     # Sharing the prepared renderer must not pin every call of the default avatar to one
-    # worker process: each session's handle is held by every worker, and each chunk renders in
-    # the least busy one (tests/core/test_workers.py).
+    # worker process: the photo's renderer is held by every worker, once however many sessions
+    # use it, and each chunk's frames render in both (tests/core/test_workers.py).
     pipeline = pipeline_of(modules, 2)
     (stage,) = pipeline.phases["publish"].stages
     pool = stage.workers.pool
     before = [w.bound for w in pool._workers]
     sessions = [pipeline.open_session(reference.copy()) for _ in range(2)]
-    assert [w.bound - b for w, b in zip(pool._workers, before, strict=True)] == [2, 2]
+    assert [w.bound - b for w, b in zip(pool._workers, before, strict=True)] == [1, 1]
     for session in sessions:
         session.close()
+    # Still there for the photo's next call while it is among the prepared photos.
+    assert [w.bound - b for w, b in zip(pool._workers, before, strict=True)] == [1, 1]

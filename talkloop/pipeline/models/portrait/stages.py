@@ -29,9 +29,12 @@ PREPARED_PHOTOS = 4  # renderers kept for the photos used last (a few MB each)
 class RenderWorkers:
     """Where the sessions' renderers render: on the session's own thread, or with
     ``processes`` in that many worker processes shared by every session of the process
-    (``model.render_processes``, ``talkloop/pipeline/core/workers.py``). A session's renderer is
-    sent to every one of them when the session opens and renders once in each, so its first
-    chunk pays for neither. A chunk's frames are split over the workers, each part in the one
+    (``model.render_processes``, ``talkloop/pipeline/core/workers.py``). A photo's prepared
+    renderer is sent to every one of them when its first session opens and renders once in
+    each, so that session's first chunk pays for neither; later sessions of the photo (their
+    handles on its arrays) render with the copies already there: a call start sends nothing
+    and takes no worker's time from the calls running. A chunk's frames are split over the
+    workers, each part in the one
     with the fewest renders in flight (rendering never changes a renderer): a chunk is ready
     when its slowest part is, and the calls' chunks spread over the cores. The renderer stays
     in the session's state too, and the frames are the ones it renders here (frame by frame:
@@ -44,13 +47,20 @@ class RenderWorkers:
         )
         self._lock = threading.Lock()
 
-    def prepare(self, renderer: PortraitRenderer) -> None:
-        """Send ``renderer`` to its worker (nothing without processes)."""
+    def prepare(self, renderer: PortraitRenderer, shared: PortraitRenderer) -> None:
+        """Let ``renderer`` (a session's handle on the arrays of ``shared``, the photo's prepared
+        renderer) render in the workers: ``shared`` is sent to them the first time (nothing
+        without processes). The workers keep it while ``shared`` or a handle lives."""
         if self.pool is None:
             return
-        bound = self.pool.bind(renderer, everywhere=True)
-        bound.call_each("render", np.zeros((1, len(FRAME_FIELDS)), np.float32))  # first-use costs
         with self._lock:
+            bound = self._bound.get(shared)
+        if bound is None:
+            bound = self.pool.bind(shared, everywhere=True)
+            zeros = np.zeros((1, len(FRAME_FIELDS)), np.float32)
+            bound.call_each("render", zeros)  # first-use costs
+        with self._lock:
+            bound = self._bound.setdefault(shared, bound)  # two first sessions: one copy kept
             self._bound[renderer] = bound
 
     def render(self, renderer: PortraitRenderer, params: np.ndarray) -> np.ndarray:
@@ -74,7 +84,8 @@ class PortraitReferenceStage(Stage):
     A renderer is made once per photo (a fifth of a second: face models, mesh, mouth
     textures) and kept for the ``PREPARED_PHOTOS`` photos used last: a call with the same
     avatar as an earlier one starts from it. Rendering never changes a renderer, so sessions
-    share its arrays; each gets its own handle, which its own worker renders."""
+    share its arrays (each holds its own handle) and, with render processes, the copies the
+    workers hold."""
 
     name = "portrait_reference"
     reads = ("reference_image",)
@@ -88,8 +99,9 @@ class PortraitReferenceStage(Stage):
 
     def run(self, ctx: StageContext) -> None:
         image = ctx.read("reference_image")  # (H, W, 3) uint8, framed by load_reference
-        renderer = copy.copy(self.prepared(image))  # the session's own handle on shared arrays
-        self.workers.prepare(renderer)
+        shared = self.prepared(image)
+        renderer = copy.copy(shared)  # the session's own handle on the shared arrays
+        self.workers.prepare(renderer, shared)
         ctx.write("renderer", renderer)
         ctx.write("a2v_reference", ctx.module("a2v").config.rest_latent())  # (1, 16, 1, 1)
 
