@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -175,3 +178,35 @@ def test_sessions_of_one_photo_render_in_every_worker(modules, reference) -> Non
         session.close()
     # Still there for the photo's next call while it is among the prepared photos.
     assert [w.bound - b for w, b in zip(pool._workers, before, strict=True)] == [1, 1]
+
+
+def test_sessions_of_a_new_photo_opening_together_make_and_send_it_once(
+    modules, reference, monkeypatch
+) -> None:
+    """Calls that start at one moment with a photo not yet prepared (a fresh server's first
+    calls of its avatar): one of them runs the face models and sends the renderer to the
+    workers, the others wait for it and use it."""
+    pipeline = pipeline_of(modules, 2)
+    (stage,) = pipeline.phases["publish"].stages
+    pool = stage.workers.pool
+    detected, binds = [], []
+    detect = stages.detect_faces
+    monkeypatch.setattr(stages, "detect_faces", lambda image: detected.append(1) or detect(image))
+    bind = type(pool).bind
+    monkeypatch.setattr(type(pool), "bind", lambda p, *a, **k: binds.append(1) or bind(p, *a, **k))
+    photo = np.ascontiguousarray(reference[:, ::-1])  # mirrored: a photo no test prepared
+    start = threading.Barrier(3)
+
+    def open_one(_: int):
+        start.wait(timeout=60)
+        return pipeline.open_session(photo.copy())
+
+    with ThreadPoolExecutor(3) as pool_of_threads:
+        sessions = list(pool_of_threads.map(open_one, range(3)))
+    try:
+        assert detected == [1] and binds == [1]
+        handles = [s.state.fields["renderer"] for s in sessions]
+        assert len({id(h) for h in handles}) == 3 and len({id(h.image) for h in handles}) == 1
+    finally:
+        for s in sessions:
+            s.close()

@@ -45,7 +45,8 @@ class RenderWorkers:
         self._bound: weakref.WeakKeyDictionary[PortraitRenderer, Bound] = (
             weakref.WeakKeyDictionary()
         )
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the handles' lookup: held briefly (every render takes it)
+        self._sending = threading.Lock()  # sessions starting together send their photo once
 
     def prepare(self, renderer: PortraitRenderer, shared: PortraitRenderer) -> None:
         """Let ``renderer`` (a session's handle on the arrays of ``shared``, the photo's prepared
@@ -53,15 +54,15 @@ class RenderWorkers:
         without processes). The workers keep it while ``shared`` or a handle lives."""
         if self.pool is None:
             return
-        with self._lock:
-            bound = self._bound.get(shared)
-        if bound is None:
-            bound = self.pool.bind(shared, everywhere=True)
-            zeros = np.zeros((1, len(FRAME_FIELDS)), np.float32)
-            bound.call_each("render", zeros)  # first-use costs
-        with self._lock:
-            bound = self._bound.setdefault(shared, bound)  # two first sessions: one copy kept
-            self._bound[renderer] = bound
+        with self._sending:
+            with self._lock:
+                bound = self._bound.get(shared)
+            if bound is None:
+                bound = self.pool.bind(shared, everywhere=True)
+                zeros = np.zeros((1, len(FRAME_FIELDS)), np.float32)
+                bound.call_each("render", zeros)  # first-use costs
+            with self._lock:
+                self._bound[shared] = self._bound[renderer] = bound
 
     def render(self, renderer: PortraitRenderer, params: np.ndarray) -> np.ndarray:
         """``renderer.render(params)``, in its worker when it has one."""
@@ -95,7 +96,8 @@ class PortraitReferenceStage(Stage):
     def __init__(self, workers: RenderWorkers | None = None) -> None:
         self.workers = workers or RenderWorkers()
         self._prepared: OrderedDict[bytes, PortraitRenderer] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the kept renderers
+        self._making = threading.Lock()  # sessions of a new photo opening together make it once
 
     def run(self, ctx: StageContext) -> None:
         image = ctx.read("reference_image")  # (H, W, 3) uint8, framed by load_reference
@@ -110,24 +112,34 @@ class PortraitReferenceStage(Stage):
         image = np.ascontiguousarray(image)
         key = hashlib.blake2b(image, digest_size=16).digest() + repr(image.shape).encode()
         key += image.dtype.str.encode()
+        renderer = self._kept(key)
+        if renderer is not None:
+            return renderer
+        with self._making:
+            renderer = self._kept(key)  # made by a session that opened at the same moment
+            if renderer is not None:
+                return renderer
+            faces = detect_faces(image)
+            if not faces:
+                raise InputError(
+                    "no face found in the reference image: use a photo of one person facing the "
+                    "camera"
+                )
+            landmarks = face_landmarks(image, faces[0])  # (478, 3)
+            # Its own copy of the photo: the caller's array may change after the session opens.
+            renderer = PortraitRenderer(image.copy(), landmarks, person_mask(image))
+            with self._lock:
+                self._prepared[key] = renderer
+                while len(self._prepared) > PREPARED_PHOTOS:
+                    self._prepared.popitem(last=False)
+        return renderer
+
+    def _kept(self, key: bytes) -> PortraitRenderer | None:
         with self._lock:
             renderer = self._prepared.get(key)
             if renderer is not None:
                 self._prepared.move_to_end(key)
-                return renderer
-        faces = detect_faces(image)
-        if not faces:
-            raise InputError(
-                "no face found in the reference image: use a photo of one person facing the camera"
-            )
-        landmarks = face_landmarks(image, faces[0])  # (478, 3)
-        # Its own copy of the photo: the caller's array may change after the session opens.
-        renderer = PortraitRenderer(image.copy(), landmarks, person_mask(image))
-        with self._lock:
-            self._prepared[key] = renderer
-            while len(self._prepared) > PREPARED_PHOTOS:
-                self._prepared.popitem(last=False)
-        return renderer
+            return renderer
 
 
 class PortraitRenderStage(Stage):
