@@ -58,8 +58,9 @@ def festival_say(text: str, voice: str, wav: Path, settings: str = "") -> list[t
 
     Raises:
         ConfigError: festival or the voice is not installed (the message names the packages),
-            the voice's name is not one, the text is empty, or festival failed. Festival itself reports a missing voice and
-            goes on with its default one: that is caught here, not written as the voice's.
+            the voice's name is not one, the text is empty, or festival failed. Festival itself
+            reports a missing voice and goes on with its default one: that is caught here, not
+            written as the voice's.
     """
     # The name goes into Festival's Scheme as a symbol: letters, digits and underscores only.
     if not re.fullmatch(r"[A-Za-z0-9_]+", voice):

@@ -11,8 +11,8 @@ same work has a GIL to itself.
 (``python -m talkloop.pipeline.core.workers``, so no thread of the parent is copied into them and
 no script's ``__main__`` runs again), each on one end of a socket pair, computing on one thread
 (the pool is the parallelism). :meth:`ProcessPool.bind` sends an object (pickled, once) to the
-worker holding the fewest; :meth:`Bound.call` runs one of its methods there and returns the result, the calling
-thread waiting without the GIL. An object whose methods never change it (a renderer) can be held
+worker holding the fewest; :meth:`Bound.call` runs one of its methods there and returns the
+result, the calling thread waiting without the GIL. An object whose methods never change it (a renderer) can be held
 by every worker instead (``everywhere=True``): each call then runs on the worker with the fewest
 calls in flight, so two calls' chunks spread over the cores however the calls were bound, and a
 dead worker's share goes to the others; :meth:`Bound.call_parts` splits one piece of work over

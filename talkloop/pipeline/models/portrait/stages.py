@@ -34,11 +34,10 @@ class RenderWorkers:
     each, so that session's first chunk pays for neither; later sessions of the photo (their
     handles on its arrays) render with the copies already there: a call start sends nothing
     and takes no worker's time from the calls running. A chunk's frames are split over the
-    workers, each part in the one
-    with the fewest renders in flight (rendering never changes a renderer): a chunk is ready
-    when its slowest part is, and the calls' chunks spread over the cores. The renderer stays
-    in the session's state too, and the frames are the ones it renders here (frame by frame:
-    no frame depends on another)."""
+    workers, each part in the one with the fewest renders in flight (rendering never changes a
+    renderer): a chunk is ready when its slowest part is, and the calls' chunks spread over the
+    cores. The renderer stays in the session's state too, and the frames are the ones it renders
+    here (frame by frame: no frame depends on another)."""
 
     def __init__(self, processes: int = 0) -> None:
         self.pool = shared_pool(processes, (PortraitRenderer.__module__,)) if processes else None
@@ -54,6 +53,11 @@ class RenderWorkers:
         without processes). The workers keep it while ``shared`` or a handle lives."""
         if self.pool is None:
             return
+        with self._lock:  # a photo the workers hold: no wait behind another photo's sending
+            bound = self._bound.get(shared)
+            if bound is not None:
+                self._bound[renderer] = bound
+                return
         with self._sending:
             with self._lock:
                 bound = self._bound.get(shared)
