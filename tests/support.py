@@ -436,7 +436,9 @@ def note(text: str) -> None:
 
 # -- the real command ------------------------------------------------------------------------------
 
-TALKLOOP = [sys.executable, "-m", "talkloop.pipeline.cli"]  # `talkloop`, from this interpreter
+# `talkloop`, from this interpreter: its entry point (talkloop/__main__.py), which quiets the
+# libraries before they load, as the installed program does.
+TALKLOOP = [sys.executable, "-m", "talkloop"]
 
 
 def tiny_args(size: int = 64) -> list[str]:

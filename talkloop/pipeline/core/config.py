@@ -211,7 +211,7 @@ class ModelConfig(_Strict):
             if mode == "sharded" and env_world_size() < 2:
                 raise ValueError(
                     f"placement.{name}='sharded' needs more than one process, but the world "
-                    "size is 1; launch with `torchrun --nproc-per-node 2 -m talkloop.pipeline.cli ...` "
+                    "size is 1; launch with `torchrun --nproc-per-node 2 -m talkloop ...` "
                     f"or set placement.{name}='offloaded'"
                 )
         needs_driver = self.device == "cuda" or self.pin_memory

@@ -1,6 +1,6 @@
 """Process group and NUMA binding for multi-process runs under ``torchrun``.
 
-``torchrun --nproc-per-node N -m talkloop.pipeline.cli render ...`` starts N ranks; each binds itself to the
+``torchrun --nproc-per-node N -m talkloop render ...`` starts N ranks; each binds itself to the
 NUMA node of its GPU (before it pins or allocates anything large), joins the process group (NCCL on
 GPUs, gloo on CPUs) and builds the pipeline with its shard of every sharded module. Only rank 0
 publishes: it alone opens sinks.
