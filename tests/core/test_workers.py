@@ -69,6 +69,25 @@ def test_methods_run_in_a_worker_with_the_objects_own_state(pool) -> None:
     assert frames.dtype == np.uint8 and frames.shape == (2, 64, 64, 3) and frames[0, 0, 0, 0] == 13
 
 
+def test_array_results_come_back_through_the_shared_buffer_each_a_copy_of_its_own(pool) -> None:
+    """Frames come back through the buffer the worker shares with the caller, which grows to
+    the largest; each result is the caller's own copy, not a view that the next one overwrites."""
+    a = pool.bind(Counter(7))
+    (worker,) = [w for w in pool._workers if w.bound]
+    first = a.call("frames", (2, 64, 64, 3))  # 24 KB: below SHARED_MIN_BYTES, pickled
+    assert worker.shared is None
+    small = a.call("frames", (2, 128, 128, 3))
+    assert worker.shared is not None and len(worker.shared) == small.nbytes
+    a.call("add", 1)
+    large = a.call("frames", (3, 256, 256, 3))  # the buffer grows
+    assert len(worker.shared) == large.nbytes
+    a.call("add", 1)
+    last = a.call("frames", (2, 128, 128, 3))  # written over the start of the buffer
+    assert (first == 7).all() and (small == 7).all() and (large == 8).all() and (last == 9).all()
+    assert small.shape == (2, 128, 128, 3) and large.shape == (3, 256, 256, 3)
+    assert pool.bind(Counter(0)).call("frames", (0, 4)).shape == (0, 4)  # empty: pickled
+
+
 def test_an_objects_error_is_raised_in_the_caller_and_the_worker_goes_on(pool) -> None:
     a = pool.bind(Counter(0))
     with pytest.raises(ValueError, match="bad input for this object"):
