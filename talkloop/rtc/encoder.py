@@ -31,12 +31,18 @@ import cv2
 import numpy as np
 from aiortc.codecs import get_encoder
 from aiortc.codecs.base import Encoder
-from aiortc.codecs.h264 import MAX_FRAME_RATE, H264Encoder
+from aiortc.codecs.h264 import MAX_BITRATE, MAX_FRAME_RATE, MIN_BITRATE, H264Encoder
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from aiortc.rtcrtpsender import RTCEncodedFrame, RTCRtpSender
 
 X264_PRESET = "superfast"
 X264_THREADS = 1
+# The most bits a second the encoder spends per pixel of the picture: 1.18 Mbit/s at 512x512. The
+# browser's bandwidth estimate climbs to aiortc's 3 Mbit/s within a minute, reopening x264 (a
+# keyframe each time) at every 10 % step, for a picture that changes little: the RTP packets
+# tripled, and with them the server's and the receiver's per-packet work (docs/benchmarks.md,
+# "Figures behind code choices"). A lower estimate is followed as before.
+MAX_BITS_PER_PIXEL = 4.5
 ENCODER_SLOT = "_RTCRtpSender__encoder"  # RTCRtpSender's private self.__encoder
 # U and V rows of BT.601 limited range (what swscale gives an RGB frame for x264), offset last.
 _UV = np.array([[-37.797, -74.203, 112.0, 128 * 255], [112.0, -93.786, -18.214, 128 * 255]]) / 255
@@ -59,9 +65,26 @@ def rgb_to_i420(rgb: np.ndarray) -> np.ndarray:
 class AvatarH264Encoder(H264Encoder):
     """aiortc's H.264 encoder with its libx264 opened at ``X264_PRESET`` on ``X264_THREADS``
     thread(s), given I420 made by :func:`rgb_to_i420` rather than by swscale inside the encode.
-    Same profile, level, tuning and bitrate as aiortc's own."""
+    Same profile, level and tuning as aiortc's own; its bitrate follows the receiver's estimate
+    up to ``MAX_BITS_PER_PIXEL`` of the picture (never below aiortc's minimum)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.max_bitrate = MAX_BITRATE  # aiortc's, until a frame gives the picture's size
+
+    @property
+    def target_bitrate(self) -> int:
+        """The receiver's estimate (aiortc's, within its bounds), at most ``max_bitrate``: what
+        the codec is opened at, and what both our and aiortc's reopening test compare."""
+        return min(H264Encoder.target_bitrate.fget(self), self.max_bitrate)
+
+    @target_bitrate.setter
+    def target_bitrate(self, bitrate: int) -> None:
+        H264Encoder.target_bitrate.fset(self, bitrate)
 
     def _encode_frame(self, frame: av.VideoFrame, force_keyframe: bool) -> Iterator[bytes]:
+        pixels = frame.width * frame.height
+        self.max_bitrate = max(MIN_BITRATE, int(MAX_BITS_PER_PIXEL * pixels))
         if frame.format.name == "rgb24" and frame.width % 2 == 0 and frame.height % 2 == 0:
             i420 = av.VideoFrame.from_ndarray(rgb_to_i420(frame.to_ndarray()), format="yuv420p")
             i420.pts, i420.time_base = frame.pts, frame.time_base

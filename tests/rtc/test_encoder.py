@@ -8,11 +8,12 @@ import re
 from fractions import Fraction
 
 import av
+import cv2
 import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, rtcrtpsender
 from aiortc.codecs import get_encoder
-from aiortc.codecs.h264 import H264PayloadDescriptor
+from aiortc.codecs.h264 import MIN_BITRATE, H264PayloadDescriptor
 from aiortc.mediastreams import AudioStreamTrack, VideoStreamTrack
 from aiortc.rtcrtpparameters import RTCRtpCodecParameters
 from PIL import Image
@@ -20,6 +21,7 @@ from PIL import Image
 from talkloop.pipeline.models.studio.family import DEFAULT_REFERENCE
 from talkloop.rtc.encoder import (
     ENCODER_SLOT,
+    MAX_BITS_PER_PIXEL,
     X264_PRESET,
     X264_THREADS,
     AvatarH264Encoder,
@@ -110,7 +112,7 @@ def test_frames_reach_x264_as_the_picture_swscale_would_give_it() -> None:
 
 def test_keyframe_requests_and_bitrate_changes_still_act() -> None:
     enc = AvatarH264Encoder()
-    frames = talking_frames(12)
+    frames = [cv2.resize(f, (512, 512)) for f in talking_frames(12)]
     for i in range(5):
         send(enc, frames[i], i)
     first = enc.codec
@@ -119,17 +121,42 @@ def test_keyframe_requests_and_bitrate_changes_still_act() -> None:
     assert 5 in nal_types(depacketize(send(enc, frames[6], 6, keyframe=True)))
     # A small move of the target keeps the codec, a large one reopens it at that bitrate,
     # with our settings again.
-    enc.target_bitrate = int(enc.target_bitrate * 1.05)
+    enc.target_bitrate = int(enc.target_bitrate * 0.95)
     send(enc, frames[7], 7)
     assert enc.codec is first
-    enc.target_bitrate = 2_000_000
+    enc.target_bitrate = 600_000
     payloads = send(enc, frames[8], 8)
     assert enc.codec is not first
     data = depacketize(payloads)
     assert 5 in nal_types(data)  # a new stream starts with a keyframe
     settings = x264_settings(data)
-    assert settings["bitrate"] == "2000" and settings["threads"] == "1"
+    assert settings["bitrate"] == "600" and settings["threads"] == "1"
     assert settings.items() >= SUPERFAST.items()
+
+
+def test_the_bitrate_follows_the_estimate_up_to_what_the_picture_needs() -> None:
+    """The receiver's estimate climbs to aiortc's 3 Mbit/s; the encoder stops at
+    MAX_BITS_PER_PIXEL of the picture (1.18 Mbit/s at 512x512), reopened once there and not at
+    each later step, and never goes below aiortc's minimum for a small picture."""
+    enc = AvatarH264Encoder()
+    frames = [cv2.resize(f, (512, 512)) for f in talking_frames(12)]
+    enc.target_bitrate = 600_000
+    assert x264_settings(depacketize(send(enc, frames[0], 0)))["bitrate"] == "600"
+    cap = int(MAX_BITS_PER_PIXEL * 512 * 512)
+    opened = []
+    for i, estimate in enumerate(range(700_000, 3_000_001, 100_000), start=1):
+        enc.target_bitrate = estimate
+        before = enc.codec
+        send(enc, frames[i % 12], i)
+        if enc.codec is not before:
+            opened.append(enc.codec.bit_rate)
+    assert opened and opened[-1] == max(opened) == cap // 1000 * 1000  # x264 keeps kbit/s
+    assert len(opened) <= 6  # 10 % steps from 0.6 to 1.18 Mbit/s; none after the cap
+    small = AvatarH264Encoder()
+    small.target_bitrate = 3_000_000
+    tiny = talking_frames(2)  # 256x256: 0.29 Mbit/s by the rule, aiortc's 0.5 minimum
+    send(small, tiny[0], 0)
+    assert small.codec.bit_rate == MIN_BITRATE
 
 
 def codec(mime: str, rate: int) -> RTCRtpCodecParameters:
