@@ -25,9 +25,9 @@ its place.
 A result that is a large array (a chunk's frames: 786 KB a frame at 512) does not travel through
 the socket: the worker writes it into a buffer the two processes share (an anonymous memory
 file, grown to the largest result), answers with its shape, and the caller copies it out before
-the worker's next request. Pickled, a chunk of two frames cost the worker 1.9 ms and the caller
-0.9 ms of CPU (copies into and out of pickle's bytes and the socket, docs/benchmarks.md,
-"Figures behind code choices").
+the worker's next request. Pickled through the socket, a chunk of two frames cost the caller 1.35
+and the worker 1.5 ms of CPU (copies into and out of pickle's bytes and the socket); through the
+buffer 0.25 and 0.3 (docs/benchmarks.md, "Figures behind code choices").
 """
 
 from __future__ import annotations
@@ -384,7 +384,6 @@ def _close_pools() -> None:
         pool.close()
 
 
-if (
-    __name__ == "__main__"
-):  # a worker: python -m talkloop.pipeline.core.workers FD MEMFD [MODULE...]
+# A worker: python -m talkloop.pipeline.core.workers FD MEMFD [MODULE...] (MEMFD -1: none).
+if __name__ == "__main__":
     _serve(Connection(int(sys.argv[1])), sys.argv[3:], _SharedResults(int(sys.argv[2])))
