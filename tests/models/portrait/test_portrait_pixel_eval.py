@@ -253,3 +253,19 @@ def test_eval_renders_the_photo_and_writes_figures_sheets_and_clips(tmp_path: Pa
         assert sheet[:8] == b"\x89PNG\r\n\x1a\n" and len(sheet) > 100_000
         assert (out / clip["video"]).stat().st_size > 10_000
     assert clips["smiling"]["width_rest_median"] > clips["serious"]["width_rest_median"]
+
+
+# -- contact sheets ----------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_a_contact_sheets_label_is_outlined_along_its_whole_length() -> None:
+    """The black outline follows the white letters to the line's end (a thick black copy, spaced
+    wider by OpenCV, drifted off them, 15 pixels past their end, and made the label unreadable)."""
+    grey = np.full((40, 256, 3), 128, np.uint8)
+    out = pe._label(grey, ["p/b/m (median): frame 111 (4.44 s)"])
+    white = np.nonzero((out > 200).all(2).any(0))[0]
+    black = np.nonzero((out < 40).all(2).any(0))[0]
+    assert white.size and black.size
+    assert abs(int(black.max()) - int(white.max())) <= 2
+    assert abs(int(black.min()) - int(white.min())) <= 2

@@ -547,14 +547,20 @@ def measure_clip(
 _PANEL = 256
 
 
+_AROUND = [(dx, dy) for dx in (-1, 0, 1) for dy in (-1, 0, 1) if dx or dy]
+
+
 def _label(img: np.ndarray, lines: Sequence[str]) -> np.ndarray:
+    """White text outlined in black. The outline is the same thin text drawn a pixel off in
+    each direction: OpenCV spaces a thicker stroke's letters wider, so a thick black copy
+    under the thin white one drifted off it along the line and made it unreadable."""
     out = img.copy()
+    font = cv2.FONT_HERSHEY_SIMPLEX
     for k, text in enumerate(lines):
         y = 16 + 16 * k
-        cv2.putText(out, text, (5, y), cv2.FONT_HERSHEY_SIMPLEX, 0.42, (0, 0, 0), 3, cv2.LINE_AA)
-        cv2.putText(
-            out, text, (5, y), cv2.FONT_HERSHEY_SIMPLEX, 0.42, (255, 255, 255), 1, cv2.LINE_AA
-        )
+        for dx, dy in _AROUND:
+            cv2.putText(out, text, (5 + dx, y + dy), font, 0.42, (0, 0, 0), 1, cv2.LINE_AA)
+        cv2.putText(out, text, (5, y), font, 0.42, (255, 255, 255), 1, cv2.LINE_AA)
     return out
 
 
