@@ -5,9 +5,10 @@ a 256x256 talking head that spends CPU the avatar's generation needs on the same
 ``superfast`` on one thread x264 takes a fraction of that CPU for the same picture quality and a
 few more bits (docs/benchmarks.md, "Figures behind code choices"). :func:`use_avatar_encoder`
 makes one sender (our peers' video senders, ``talkloop/rtc/peer.py``) build this encoder for
-H.264; everything else (bitrate control from the browser's feedback, keyframe requests,
-packetisation, the VP8 fallback) stays aiortc's, and every other sender in the process (another
-library's, a test's client) keeps aiortc's own encoder.
+H.264, its bitrate held to ``MAX_BITS_PER_PIXEL`` of the picture; everything else (the bitrate
+below that from the browser's feedback, keyframe requests, packetisation, the VP8 fallback) stays
+aiortc's, and every other sender in the process (another library's, a test's client) keeps
+aiortc's own encoder.
 
 Why a sender's class is swapped: aiortc (1.16) has no per-sender or per-connection encoder.
 ``RTCRtpSender(trackOrKind, transport)`` takes none, ``RTCPeerConnection`` builds its senders
