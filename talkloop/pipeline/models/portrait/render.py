@@ -97,9 +97,10 @@ class PortraitRenderer:
             self.image, landmarks, self.expression, rig.seam, rig.axes, rig.scale
         )
         self._anchors = rig.anchor_points  # (22, 2) the teeth anchors in the photo
-        self._lip_source = self.image
+        lip_source = self.image
         if self.expression.closes:
-            self._lip_source = closed_lip_source(self.image, landmarks, self.expression.upper_share)
+            lip_source = closed_lip_source(self.image, landmarks, self.expression.upper_share)
+        self._source = self._warp_source(lip_source, landmarks)
         self.landmarks = landmarks
         self.mouth_triangles = self._mouth_zone()
         self._inner_up = np.array(topo.LIPS_INNER_UPPER)
@@ -107,6 +108,16 @@ class PortraitRenderer:
         self._lips = np.unique(
             np.r_[self._inner_up, self._inner_lo, topo.LIPS_OUTER_UPPER, topo.LIPS_OUTER_LOWER]
         )
+
+    def _warp_source(self, photo: np.ndarray, landmarks: np.ndarray) -> np.ndarray:
+        """(H, W, 4) uint8 what a moving frame warps: ``photo`` (the photo, its lips' gap
+        filled where they close over it) with the person layer's alpha as a fourth channel, so
+        that one fixed-point remap moves both. The face oval's alpha is 255: the face itself is
+        never see-through, whatever the mask's edge does there."""
+        alpha = np.round(self.layer.alpha * 255).astype(np.uint8)
+        oval = np.round(landmarks[list(topo.FACE_OVAL), :2] * 8).astype(np.int32)
+        cv2.fillPoly(alpha, [oval], 255, cv2.LINE_AA, 3)
+        return np.ascontiguousarray(np.dstack([photo, alpha]))
 
     def _mouth_zone(self) -> np.ndarray:
         """Triangles around the mouth whose inverse is rasterised exactly (the gap strip
@@ -200,8 +211,6 @@ class PortraitRenderer:
         both = rig.displacements(params)  # (T, P, 2): mesh vertices, then the teeth anchors
         frames = np.empty((len(params), self.height, self.width, 3), np.uint8)
         y0, y1, x0, x1 = self.mesh.box
-        oval_idx = list(topo.FACE_OVAL)
-        oval_src = self.landmarks[oval_idx, :2]
         teeth = slice(rig.teeth_up.start, rig.teeth_lo.stop)
 
         for t, p in enumerate(params):
@@ -212,18 +221,19 @@ class PortraitRenderer:
                 # Below a thousandth of a pixel (rounding in the pose rotation) nothing moves:
                 # cv2.remap would sample the same pixels; skip the warp.
                 d = np.zeros_like(d)
-            # Once anything moves, the lips may close over what lay between them: warp the
-            # photo with its gap filled by the lips (``closed_lip_source``).
-            base = self._lip_source if np.any(d) else self.image
-            source = base
             blink, gx, gy = float(p[F["blink"]]), float(p[F["gaze_x"]]), float(p[F["gaze_y"]])
-            if blink != 0.0 or gx != 0.0 or gy != 0.0:
-                source = base.copy()
-                self.eyes.apply(base, source, float(np.clip(blink, 0, 1)), gx, gy)
+            eyes = blink != 0.0 or gx != 0.0 or gy != 0.0
+            blink = float(np.clip(blink, 0, 1))
             moved = self.landmarks[:N_FACE, :2] + d[:N_FACE]
             up, lo = moved[self._inner_up], moved[self._inner_lo]
             paint = self._paints(d, up, lo)
             if np.any(d):
+                # Once anything moves, the lips may close over what lay between them: the warp
+                # takes the photo with its gap filled by the lips (``closed_lip_source``).
+                source = self._source
+                if eyes:
+                    source = source.copy()
+                    self.eyes.apply(self._source[..., :3], source[..., :3], blink, gx, gy)
                 field = self.mesh.field(d)  # (ch, cw, 2)
                 off = inverse_offsets(field, INVERSE_STEPS)
                 off = cv2.resize(off, (x1 - x0, y1 - y0), interpolation=cv2.INTER_LINEAR)
@@ -231,20 +241,24 @@ class PortraitRenderer:
                 xy = cv2.add(self._grid, off)
                 if paint:
                     self._exact_mouth(d, xy)
-                # The photo through fixed-point maps (1/32 pixel): cheaper than the float map,
-                # within 2 levels of it (docs/benchmarks.md, "Figures behind code choices").
+                # The photo and its person alpha through fixed-point maps (1/32 pixel): cheaper
+                # than the float map, within 2 levels of it (docs/benchmarks.md, "Figures
+                # behind code choices").
                 fixed, frac = cv2.convertMaps(xy, None, cv2.CV_16SC2)
                 warped = cv2.remap(
                     source, fixed, frac, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
                 )
-                alpha = cv2.remap(self.layer.alpha, xy, None, cv2.INTER_LINEAR)
-                # The face itself is never see-through, whatever the mask's edge does there.
-                oval = np.round((oval_src + d[oval_idx] - (x0, y0)) * 8).astype(np.int32)
-                cv2.fillPoly(alpha, [oval], 1.0, cv2.LINE_AA, 3)
-                # The person over the still background plate.
-                frame[y0:y1, x0:x1] = cv2.blendLinear(warped, self._plate, alpha, 1.0 - alpha)
-            elif source is not self.image:
-                frame[:] = source
+                # The person over the still background plate, in 8 bits:
+                # person * alpha + plate * (1 - alpha), each product rounded.
+                alpha = cv2.extractChannel(warped, 3)
+                alpha = cv2.merge([alpha, alpha, alpha])
+                person = cv2.multiply(
+                    cv2.cvtColor(warped, cv2.COLOR_RGBA2RGB), alpha, scale=1 / 255
+                )
+                plate = cv2.multiply(self._plate, cv2.bitwise_not(alpha), scale=1 / 255)
+                frame[y0:y1, x0:x1] = cv2.add(person, plate)
+            elif eyes:
+                self.eyes.apply(self.image, frame, blink, gx, gy)
             if not paint:
                 continue  # the warp already shows the photo's own mouth, moved
             anchors = (self._anchors + both[t, teeth]).astype(np.float64)
