@@ -21,6 +21,7 @@ from talkloop.pipeline.models.portrait.eyes import LID_SKIN
 from talkloop.pipeline.models.portrait.face import detect_faces, face_landmarks
 from talkloop.pipeline.models.portrait.framing import Portrait, frame_portrait
 from talkloop.pipeline.models.portrait.mesh import STEP, exact_inverse, inverse_offsets
+from talkloop.pipeline.models.portrait.mouth import LIP_RED
 from talkloop.pipeline.models.portrait.params import FRAME_FIELDS
 from talkloop.pipeline.models.portrait.render import PortraitRenderer
 from talkloop.pipeline.models.portrait.rig import OPEN_FROM, lip_share, opening
@@ -286,6 +287,30 @@ def test_template_teeth_show_once_a_closed_mouth_photo_opens(hopper):
     shown = [_teeth_pixels(f, m) for f, m in zip(frames, moved, strict=True)]
     # Bared teeth (the lips drawn off them) show more of the same teeth.
     assert 20 < shown[0] < shown[1], shown
+
+
+def test_the_photos_teeth_leave_out_the_lip_along_the_lower_lip(collins):
+    # Her photo's inner lower lip line lies a pixel or two below her teeth at the sides: that
+    # band is lip, as bright as a tooth. In the teeth layer it showed as a pink line across the
+    # teeth once the lips moved apart (22 % of the layer's opaque pixels there were lip-red).
+    p, r = collins
+    assert r.mouth.photo_teeth
+    rgb, alpha = r.mouth.upper[..., :3], r.mouth.upper[..., 3]
+    luma = rgb @ np.array([0.299, 0.587, 0.114], np.float32)
+    red = (rgb[..., 0] - rgb[..., 1]) / np.maximum(luma, 1.0)
+    x0, y0 = r.mouth.box
+    gy, gx = np.mgrid[y0 : y0 + alpha.shape[0], x0 : x0 + alpha.shape[1]]
+
+    def line(contour: tuple[int, ...]) -> np.ndarray:
+        pts = p.landmarks[list(contour), :2]
+        order = np.argsort(pts[:, 0])
+        return np.interp(gx, pts[order, 0], pts[order, 1])
+
+    top, bottom = line(topo.LIPS_INNER_UPPER), line(topo.LIPS_INNER_LOWER)
+    low = (gy > top + 0.6 * (bottom - top)) & (gy <= bottom)  # the opening's lower part
+    opaque = low & (alpha > 0.5)
+    assert opaque.sum() > 200  # her teeth are there
+    assert (opaque & (red > LIP_RED)).sum() < 0.05 * opaque.sum()
 
 
 @pytest.mark.parametrize("who", ["collins", "hopper"])

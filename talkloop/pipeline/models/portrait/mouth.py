@@ -6,7 +6,8 @@ and the tongue the lower jaw (the rig's teeth anchors give both frames as simila
 dark cavity whose light follows the opening. The tongue's back shows low in every open mouth,
 rising out of the cavity's shade, and its parameter lifts it further. Where the photo shows its
 upper teeth they are the photo's own pixels (continued up under the upper lip, and at the sides
-down under the lower lip to the front teeth's edge line); otherwise, and for the lower teeth
+down under the lower lip to the front teeth's edge line; the lip the face mesh's lip lines take
+in along the lower lip, told by its colour, left out); otherwise, and for the lower teeth
 always, a template coloured and lit from the photo. The lips' inner edges shade the layers
 (the upper lip's shadow, no drawn outline), and until the lips part well the teeth and tongue
 lie in their shadow (a slit shows them dim, never as a bright line).
@@ -58,6 +59,11 @@ ROUND = 0.2  # corner rounding: blur sigma as a share of the widest opening
 CONTACT_BLUR = 2.0  # px: how far from the lips' contact their colours are taken
 STOMION = 0.22  # darkness of the seam where the lips meet (a photo that parts its lips)
 STOMION_CLOSED = 0.0  # ... on a photo whose lips are closed (its own lip line is kept)
+# (R - G) / luma: the default photo's teeth lie at 0.04-0.13, its lips at 0.16-0.42 (5th-95th
+# percentiles); a pixel bright as a tooth counts as tooth below TOOTH_RED, as lip above LIP_RED.
+TOOTH_RED = 0.15
+LIP_RED = 0.25
+_EDGE_SEARCH = tuple(float(k) for k in range(7))  # px in from a lip line where teeth may begin
 
 
 # Seams between the teeth across the mouth: central incisors widest, narrowing towards the
@@ -97,6 +103,14 @@ def _over(base: np.ndarray, top: np.ndarray, alpha: np.ndarray) -> np.ndarray:
         np.ascontiguousarray(top, np.float32), np.ascontiguousarray(base, np.float32),
         alpha, 1.0 - alpha,
     )  # fmt: skip
+
+
+def _edge_offset(tooth: np.ndarray, rows: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """How far in from a lip line the teeth begin: the index (in pixels, ``_EDGE_SEARCH``) of the
+    first of ``rows`` (sample maps stepping in from the line) where ``tooth`` reaches a half;
+    0 where none does (the corners, beyond the teeth, keep the line)."""
+    found = np.stack([cv2.remap(tooth, px, py, cv2.INTER_LINEAR) >= 0.5 for px, py in rows])
+    return np.where(found.any(0), found.argmax(0), 0).astype(np.float32)
 
 
 def closed_lip_source(image: np.ndarray, landmarks: np.ndarray, share: float) -> np.ndarray:
@@ -324,13 +338,27 @@ class MouthPainter:
         top = np.interp(gx[:1], self.src_up[ou, 0], self.src_up[ou, 1]).astype(np.float32)
         bottom = np.interp(gx, self.src_lo[ol, 0], self.src_lo[ol, 1])
         # Teeth-ness: all but the dark of the mouth (a tooth's shaded parts are still tooth).
-        luma = img.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+        rgb_f = img.astype(np.float32)
+        luma = rgb_f @ np.array([0.299, 0.587, 0.114], np.float32)
         teeth_l = float(np.median(luma[bright])) if bright.any() else 200.0
         dark = 0.25 * teeth_l
         teeth = np.clip((luma - dark) / (0.5 * teeth_l - dark), 0, 1)
+        # The face mesh's inner lip lines may lie a pixel or two off the teeth's edges, taking in
+        # a band of lip (as bright as a tooth: teeth-ness misses it), which the moved lips then
+        # show as a pink line across the teeth. A tooth is told from lip by its colour, red
+        # over green (``tooth``).
+        red = (rgb_f[..., 0] - rgb_f[..., 1]) / np.maximum(luma, 1.0)
+        tooth = teeth * np.clip((LIP_RED - red) / (LIP_RED - TOOTH_RED), 0, 1) * inside
         teeth = np.minimum(cv2.GaussianBlur(teeth, (3, 3), 0), inside)
+        # Along the lower lip (the lower part of the opening) the lip-coloured pixels are not
+        # teeth: see-through, the mouth's dark at the corners or the teeth continued below.
+        # (Near the upper lip the gum between the teeth is as red: it stays.)
+        bottom_img = np.interp(np.arange(w), self.src_lo[ol, 0], self.src_lo[ol, 1])
+        top_img = np.interp(np.arange(w), self.src_up[ou, 0], self.src_up[ou, 1])
+        low = np.arange(h)[:, None] > top_img + 0.6 * (bottom_img - top_img)
+        surface = np.where(low, np.minimum(teeth, cv2.GaussianBlur(tooth, (3, 3), 0)), teeth)
         rgb = cv2.remap(img, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        alpha = cv2.remap(teeth, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+        alpha = cv2.remap(surface, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
         # Under the photo's upper lip the teeth go on: each column continues the mean of its
         # first rows of teeth (one row alone would stretch every dark gap up the tooth), towards
         # the colour of gums higher up.
@@ -348,7 +376,8 @@ class MouthPainter:
         alpha = np.where(under, np.broadcast_to(row_a, alpha.shape), alpha)
         alpha *= np.clip((UPPER_TEETH * self.scale - (top - gy)) / 3.0, 0, 1)
         # Under the photo's lower lip: down to the front teeth's edge line, each column
-        # continuing the mean of its last rows of teeth, a little darker (further back).
+        # continuing the mean of its last rows of teeth (from their own lower edge), a little
+        # darker (further back).
         ex, ey = self.axes
         lo_u = (self.src_lo - centre) @ ex
         lo_v = (self.src_lo - centre) @ ey
@@ -356,11 +385,17 @@ class MouthPainter:
         edge_v = np.interp(u, lo_u[o], lo_v[o])  # (bh, bw) the photo's lower lip, face frame
         front = float(lo_v[list(CENTRE_PAIRS)].mean())
         occlusal = front - 0.05 * self.half_width * t**2  # the side teeth's edges rise a little
+
+        def at(line_v: np.ndarray, k: float) -> tuple[np.ndarray, np.ndarray]:
+            """Sample maps ``k`` pixels up the face from ``line_v`` (face frame, per pixel)."""
+            q = centre + u[..., None] * ex + (line_v - k)[..., None] * ey
+            return q[..., 0].astype(np.float32), q[..., 1].astype(np.float32)
+
+        edge_v = edge_v - _edge_offset(tooth, [at(edge_v, k) for k in _EDGE_SEARCH])
         ext = np.zeros_like(rgb, dtype=np.float32)
         ext_a = np.zeros(alpha.shape, np.float32)
         for k in (2.0, 3.0, 4.0, 5.0):
-            p = centre + u[..., None] * ex + (edge_v - k)[..., None] * ey
-            px, py = p[..., 0].astype(np.float32), p[..., 1].astype(np.float32)
+            px, py = at(edge_v, k)
             ext += cv2.remap(img, px, py, cv2.INTER_LINEAR).astype(np.float32) / 4
             ext_a += cv2.remap(teeth, px, py, cv2.INTER_LINEAR) / 4
         below = v > edge_v - 0.5
