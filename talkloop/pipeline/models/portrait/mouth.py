@@ -350,15 +350,17 @@ class MouthPainter:
         red = (rgb_f[..., 0] - rgb_f[..., 1]) / np.maximum(luma, 1.0)
         tooth = teeth * np.clip((LIP_RED - red) / (LIP_RED - TOOTH_RED), 0, 1) * inside
         teeth = np.minimum(cv2.GaussianBlur(teeth, (3, 3), 0), inside)
+        rgb = cv2.remap(img, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+        alpha = cv2.remap(teeth, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
         # Along the lower lip (the lower part of the opening) the lip-coloured pixels are not
         # teeth: see-through, the mouth's dark at the corners or the teeth continued below.
         # (Near the upper lip the gum between the teeth is as red: it stays.)
-        bottom_img = np.interp(np.arange(w), self.src_lo[ol, 0], self.src_lo[ol, 1])
-        top_img = np.interp(np.arange(w), self.src_up[ou, 0], self.src_up[ou, 1])
-        low = np.arange(h)[:, None] > top_img + 0.6 * (bottom_img - top_img)
-        surface = np.where(low, np.minimum(teeth, cv2.GaussianBlur(tooth, (3, 3), 0)), teeth)
-        rgb = cv2.remap(img, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-        alpha = cv2.remap(surface, gx, gy, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT)
+        tooth_a = cv2.remap(
+            cv2.GaussianBlur(tooth, (3, 3), 0), gx, gy, cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_CONSTANT,
+        )  # fmt: skip
+        low = gy > top + 0.6 * (bottom - top)
+        alpha = np.where(low, np.minimum(alpha, tooth_a), alpha)
         # Under the photo's upper lip the teeth go on: each column continues the mean of its
         # first rows of teeth (one row alone would stretch every dark gap up the tooth), towards
         # the colour of gums higher up.
