@@ -12,7 +12,8 @@ a chunk. Each turn the engine
    every other ready session of the same pipeline, up to ``max_batch``: their ``n_chunk`` phases
    run as one batch (one forward of the motion model for all of them,
    :func:`~talkloop.pipeline.core.session.step_sessions`), then each finishes its chunk (the
-   renderers run side by side on ``publish_workers`` threads);
+   renderers run side by side on ``publish_workers`` threads; a family that makes each frame
+   alone publishes every chunk's first frame before any second one);
 3. waits for audio when no session is ready.
 
 **Gathering.** A batch of four chunks costs the motion net little more than one (it is bound by

@@ -60,7 +60,11 @@ class Pipeline:
         self.modules = dict(modules)
         self.phases = dict(phases)
         # What a session keeps between chunks: the shared chunk stages' fields, the family's own.
-        self.state_fields = SHARED_FIELDS + get_spec(config.model.family).state_fields
+        spec = get_spec(config.model.family)
+        self.state_fields = SHARED_FIELDS + spec.state_fields
+        # The family's publish makes each frame from that frame's latents alone: a batch of
+        # live chunks is published in waves (every first frame, then the rest).
+        self.publish_per_frame = spec.publish_per_frame
         self.session_fields = frozenset(f.name for f in self.state_fields)
         check_graph(self.phases, self.modules, self.state_fields)
         self.timeline = Timeline(config.schedule)

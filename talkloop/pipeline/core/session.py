@@ -12,9 +12,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -77,6 +77,17 @@ class _Step:
     windows: np.ndarray
     total_samples: int | None
     t0: float
+
+
+@dataclass(eq=False)
+class _Segment:
+    """A chunk's latents in display order and their audio features, published in one go or,
+    frame by frame, over several calls (``done``: the frames published so far)."""
+
+    step: _Step
+    latents: torch.Tensor | None
+    audio: torch.Tensor | None
+    done: int = 0
 
 
 class Session:
@@ -361,6 +372,11 @@ class Session:
     def _finish_step(self, step: _Step, work: dict) -> int:
         """After the ``n_chunk`` phase: the I chunk if the timeline has one, the motion context
         rolled forward, the ``publish`` phase, the frames to the sinks."""
+        return self._publish_segment(self._segment(step, work))
+
+    def _segment(self, step: _Step, work: dict) -> _Segment:
+        """The chunk's latents in display order (the I chunk redone first, if the timeline has
+        one), with the motion context rolled forward."""
         p, state, n = self.pipeline, self.state, step.chunk
         latents, chunk_audio = work.pop("latents"), work.pop("chunk_audio")
         del work
@@ -386,30 +402,45 @@ class Session:
         ctx_len = min(p.config.schedule.ctx_len, latents.shape[0])
         state.fields["context_latents"] = latents[-ctx_len:].clone()
         state.fields["context_audio"] = chunk_audio[-ctx_len:].clone()
-        del latents
+        return _Segment(step, display, chunk_audio)
+
+    def _publish_segment(self, seg: _Segment, count: int | None = None) -> int:
+        """Make and publish the next ``count`` frames of ``seg`` (None: all that are left; only a
+        family whose ``publish`` makes each frame from its own latents alone,
+        ``FamilySpec.publish_per_frame``, is given fewer). After the chunk's last frame its
+        step is over: timed, counted, the session's timeline moved on. Returns the frames
+        published."""
+        p, state, n = self.pipeline, self.state, seg.step.chunk
+        if seg.latents is None or seg.audio is None:  # all published already
+            return 0
+        lo, total = seg.done, seg.latents.shape[0]
+        hi = total if count is None else min(total, lo + count)
         frames = p.run_phase(
             "publish",
             {  # both: the frames of n, in display order
-                "segment_latents": display,
-                "segment_audio": chunk_audio,
-                "segment_start": n.start,
+                "segment_latents": seg.latents[lo:hi],
+                "segment_audio": seg.audio[lo:hi],
+                "segment_start": n.start + lo,
                 "seed": self.seed,
             },
             state,
             self.stats.stage_seconds,
         ).pop("frames")
-        del display, chunk_audio
-        took = time.perf_counter() - step.t0
-        self.stats.generate_seconds += took
-        last = self.stats.chunk_seconds
-        self.stats.chunk_seconds = took if last is None else 0.8 * last + 0.2 * took
-        self._publish(n.start, frames, step.total_samples)
-        with self._cond:
-            state.next_n += 1
-            state.frames_published = n.stop
-            self._trim_audio()
-            self._cond.notify_all()
-        self.stats.chunks += 1
+        seg.done = hi
+        if hi == total:
+            took = time.perf_counter() - seg.step.t0
+            self.stats.generate_seconds += took
+            last = self.stats.chunk_seconds
+            self.stats.chunk_seconds = took if last is None else 0.8 * last + 0.2 * took
+        self._publish(n.start + lo, frames, seg.step.total_samples)
+        if hi == total:
+            seg.latents = seg.audio = None  # the chunk's working tensors, released now
+            with self._cond:
+                state.next_n += 1
+                state.frames_published = n.stop
+                self._trim_audio()
+                self._cond.notify_all()
+            self.stats.chunks += 1
         return int(frames.shape[0])
 
     def lag_seconds(self) -> float:
@@ -626,19 +657,49 @@ def _step_begun(
             except Exception as err:
                 works.append(err)
 
-    def finish(item: tuple[tuple[Session, _Step], dict | BaseException]) -> None:
+    items = list(zip(begun, works, strict=True))
+    # Several chunks of a family that makes each frame alone go out in two waves: every chunk's
+    # first frame, then the rest, so the last call's first frame does not wait for the other
+    # calls' second frames (their deadline is a frame later).
+    waves = 2 if pipeline.publish_per_frame and len(items) > 1 else 1
+    segments: dict[int, _Segment] = {}
+
+    def publish(item: tuple[tuple[Session, _Step], dict | BaseException], wave: int) -> None:
         (s, step), work = item
-        if isinstance(work, BaseException):
-            results[id(s)] = work
+        if id(s) in results:  # its n_chunk phase, or an earlier wave, failed
             return
         try:
-            results[id(s)] = s._finish_step(step, work)
+            if wave == 0:
+                if isinstance(work, BaseException):
+                    raise work
+                segments[id(s)] = s._segment(step, work)
+            count = 1 if wave == 0 and waves == 2 else None
+            made = s._publish_segment(segments[id(s)], count)
+            published[id(s)] = published.get(id(s), 0) + made
         except Exception as err:
             results[id(s)] = err
 
-    items = list(zip(begun, works, strict=True))
+    published: dict[int, int] = {}
     if executor is not None and len(items) > 1:
-        list(executor.map(finish, items))
+        # In order, so each session's later wave is taken after its first (which an earlier
+        # task runs): a later wave waits for it, never for a task queued behind itself.
+        firsts = [executor.submit(publish, item, 0) for item in items]
+        rest = [
+            executor.submit(_after, first, publish, item, 1)
+            for first, item in zip(firsts, items, strict=True)
+            if waves == 2
+        ]
+        for future in firsts + rest:
+            future.result()
     else:
-        for item in items:
-            finish(item)
+        for wave in range(waves):
+            for item in items:
+                publish(item, wave)
+    for (s, _), _work in items:
+        results.setdefault(id(s), published.get(id(s), 0))
+
+
+def _after(first: Future, fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` once ``first`` is done."""
+    first.result()
+    fn(*args)

@@ -77,6 +77,10 @@ class FamilySpec:
             with another ``--family`` they are refused.
         trainer: ``module:function`` of ``talkloop train --family NAME`` (None: not trainable).
         evaluator: ``module:function`` of ``talkloop eval --family NAME`` (None: no evaluation).
+        publish_per_frame: its ``publish`` phase makes each frame from that frame's latents
+            alone, carrying nothing from one frame to the next (the same frames whether a
+            chunk is published whole or frame by frame): the live engine then publishes a
+            batch of calls' chunks in waves, every chunk's first frame before any second one.
     """
 
     name: str
@@ -94,6 +98,7 @@ class FamilySpec:
     cli_args: str | None = None
     trainer: str | None = None
     evaluator: str | None = None
+    publish_per_frame: bool = False
 
 
 _SPECS: dict[str, FamilySpec] = {}

@@ -11,11 +11,19 @@ import pytest
 from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
 from talkloop.pipeline.core.errors import InputError
 from talkloop.pipeline.core.pipeline import Pipeline
+from talkloop.pipeline.core.session import step_sessions
 from talkloop.pipeline.core.workers import Bound
 from talkloop.pipeline.models.portrait import stages
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
 
-from support import liven, memory_reports, render_batch, render_streaming, tiny_config
+from support import (
+    CollectSink,
+    liven,
+    memory_reports,
+    render_batch,
+    render_streaming,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -86,6 +94,60 @@ def test_session_state_size_is_constant(modules, reference, speech) -> None:
     # The renderer is counted with all it holds: at least the photo and its warp weights.
     shape, kind, nbytes = reports[150]["renderer"]
     assert kind == "PortraitRenderer" and nbytes > SIZE * SIZE * 3
+
+
+class _LoggedSink(CollectSink):
+    """Also notes in a log shared by several sessions' sinks which session published what."""
+
+    def __init__(self, name: int, log: list[tuple[int, int, int]]) -> None:
+        super().__init__()
+        self.name, self.log = name, log
+
+    def write(self, video, audio) -> None:
+        super().write(video, audio)
+        self.log.append((self.name, video.first_index, video.frames.shape[0]))
+
+
+@pytest.mark.parametrize("i_len", [0, 1])
+def test_a_batch_publishes_every_first_frame_before_any_second(modules, speech, i_len) -> None:
+    """Batched live chunks go out in two waves (the family's ``publish_per_frame``), with the
+    frames and audio of the same batch published chunk by chunk."""
+    config = portrait_config(schedule={"first_len": 2, "n_len": 2, "i_len": i_len, "ctx_len": 2})
+    pipeline = build_pipeline(config, modules)
+    assert pipeline.publish_per_frame
+    reference = load_reference(config, None)
+    audio = [np.roll(speech, 4000 * i)[: int(1.1 * RATE)] for i in range(3)]
+
+    def run(per_frame: bool, threads: int) -> tuple[list[CollectSink], list[tuple[int, int, int]]]:
+        pipeline.publish_per_frame = per_frame
+        log: list[tuple[int, int, int]] = []
+        sinks = [_LoggedSink(i, log) for i in range(3)]
+        sessions = [pipeline.open_session(reference, "", [sinks[i]], seed=i) for i in range(3)]
+        for s, a in zip(sessions, audio, strict=True):
+            s.push_audio(a)
+            s.end_audio()
+        with ThreadPoolExecutor(max(threads, 1)) as pool:
+            while any(s.ready() for s in sessions):
+                results = step_sessions(sessions, pool if threads else None)
+                assert all(r in (0, 2) for r in results)  # no error, whole chunks
+        for s in sessions:
+            s.close()
+        return sinks, log
+
+    (whole, _), (waves, log), (threaded, _) = run(False, 2), run(True, 0), run(True, 2)
+    for a, b, c in zip(whole, waves, threaded, strict=True):
+        assert a.all_frames().shape[0] >= 20
+        for other in (b, c):
+            np.testing.assert_array_equal(a.all_frames(), other.all_frames())
+            np.testing.assert_array_equal(a.all_audio(), other.all_audio())
+            assert set(map(len, other.frames)) == {1}  # frame by frame
+    # One thread: each step published three first frames, then three second frames (on a pool
+    # every first frame starts before any second one; they may finish in either order).
+    for step in range(0, len(log), 6):
+        firsts, seconds = log[step : step + 3], log[step + 3 : step + 6]
+        assert sorted(n for n, _, _ in firsts) == [0, 1, 2]
+        assert len({first for _, first, _ in firsts}) == 1
+        assert all(first == firsts[0][1] + 1 for _, first, _ in seconds)
 
 
 def test_a_reference_without_a_face_is_refused(pipeline) -> None:

@@ -36,4 +36,6 @@ SPEC = FamilySpec(
     cli_args="talkloop.pipeline.models.portrait.cli:add_args",
     trainer="talkloop.pipeline.models.portrait.cli:train",
     evaluator="talkloop.pipeline.models.portrait.cli:evaluate_cli",
+    # Each frame is the photo warped by that frame's parameters (and its seeded blink).
+    publish_per_frame=True,
 )
