@@ -15,6 +15,7 @@ from talkloop.pipeline.core.session import step_sessions
 from talkloop.pipeline.core.workers import Bound
 from talkloop.pipeline.models.portrait import stages
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
+from talkloop.rtc.app import prepare_avatar
 
 from support import (
     CollectSink,
@@ -215,6 +216,19 @@ def test_sessions_of_one_photo_share_its_prepared_renderer(modules, reference, s
     with pytest.raises(InputError, match="no face"):  # another photo is prepared anew
         pipeline.open_session(np.roll(reference, 3, axis=1))
     assert len(calls) == 1
+
+
+def test_a_server_prepares_its_avatar_before_its_first_call(modules, reference, monkeypatch):
+    """``talkloop serve`` prepares its own avatar at start (``prepare_avatar``): its first
+    calls open without running the face models (a fifth of a second each, while calls that
+    opened with it have chunks due)."""
+    pipeline = pipeline_of(modules, 0)
+    prepare_avatar(pipeline, reference.copy(), "")
+    calls = []
+    monkeypatch.setattr(stages, "detect_faces", lambda image: calls.append(image) or [])
+    session = pipeline.open_session(reference.copy())
+    assert calls == [] and session.state.fields["renderer"] is not None
+    session.close()
 
 
 def test_prepared_photos_are_bounded(modules, reference) -> None:
