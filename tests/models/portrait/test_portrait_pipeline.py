@@ -151,6 +151,29 @@ def test_a_batch_publishes_every_first_frame_before_any_second(modules, speech, 
         assert all(first == firsts[0][1] + 1 for _, first, _ in seconds)
 
 
+def test_a_session_failing_in_the_second_wave_fails_alone(modules, reference, speech) -> None:
+    class Breaks(CollectSink):
+        def write(self, video, audio) -> None:
+            if video.first_index % 2:  # every chunk's second frame
+                raise OSError("disk full")
+            super().write(video, audio)
+
+    pipeline = build_pipeline(portrait_config(), modules)
+    sinks = [CollectSink(), Breaks(), CollectSink()]
+    sessions = [
+        pipeline.open_session(reference, "", [sink], seed=i) for i, sink in enumerate(sinks)
+    ]
+    for s in sessions:
+        s.push_audio(speech[: int(0.5 * RATE)])
+    with ThreadPoolExecutor(2) as pool:
+        results = step_sessions(sessions, pool)
+    assert results[0] == results[2] == 2
+    assert isinstance(results[1], OSError)
+    assert [len(sink.frames) for sink in sinks] == [2, 1, 2]  # its first frame went out
+    for s in sessions:
+        s.close()
+
+
 def test_a_reference_without_a_face_is_refused(pipeline) -> None:
     grey = np.full((SIZE, SIZE, 3), 128, np.uint8)
     with pytest.raises(InputError, match="no face"):
