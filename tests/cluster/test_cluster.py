@@ -115,7 +115,9 @@ def test_a_batch_across_two_nodes_reports_the_bad_row_and_resumes(run) -> None:
     assert "not a readable audio" in bad["error"]
     assert "row 3 (broken.wav) failed" in first["stderr"]
     assert len(s["nodes"]) == 2  # rows ran on both worker nodes
-    assert all(r["seconds"] > 0 for r in s["rows"])
+    # Rendered rows took time; the bad row may fail within the rounding (a millisecond).
+    assert all(r["seconds"] > 0 for r in s["rows"] if r["status"] == "ok")
+    assert all(r["seconds"] >= 0 for r in s["rows"])
     out = Path(run["folder"]) / "out"
     for name in first["mp4s"]:  # finished files: both streams, the clip's length
         with av.open(str(out / name)) as mp4:
