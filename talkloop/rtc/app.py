@@ -53,8 +53,9 @@ def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
 
 def prepare_avatar(pipeline: Pipeline, reference: np.ndarray, prompt: str) -> None:
     """Open and close one session on the server's avatar, so that its first calls start from
-    what the family prepared for it (the portrait's face models, renderer and render workers'
-    copies: about 0.2 s of a core) instead of all making it while their first chunks are due."""
+    what the family prepared for it at a session's start (for a photo: its face models,
+    renderer and the render workers' copies, about 0.2 s of a core) instead of all making it
+    while their first chunks are due."""
     pipeline.open_session(reference, prompt, []).close()
 
 
