@@ -369,14 +369,10 @@ class Session:
     def _n_chunk_work(self, step: _Step) -> dict:
         return {"job": step.chunk, "seed": self.seed, "audio_windows": step.windows}
 
-    def _finish_step(self, step: _Step, work: dict) -> int:
-        """After the ``n_chunk`` phase: the I chunk if the timeline has one, the motion context
-        rolled forward, the ``publish`` phase, the frames to the sinks."""
-        return self._publish_segment(self._segment(step, work))
-
     def _segment(self, step: _Step, work: dict) -> _Segment:
-        """The chunk's latents in display order (the I chunk redone first, if the timeline has
-        one), with the motion context rolled forward."""
+        """After the ``n_chunk`` phase: the chunk's latents in display order (the I chunk
+        redone first, if the timeline has one), with the motion context rolled forward; its
+        frames are then made and published by :meth:`_publish_segment`."""
         p, state, n = self.pipeline, self.state, step.chunk
         latents, chunk_audio = work.pop("latents"), work.pop("chunk_audio")
         del work
@@ -404,15 +400,14 @@ class Session:
         state.fields["context_audio"] = chunk_audio[-ctx_len:].clone()
         return _Segment(step, display, chunk_audio)
 
-    def _publish_segment(self, seg: _Segment, count: int | None = None) -> int:
+    def _publish_segment(self, seg: _Segment, count: int | None = None) -> None:
         """Make and publish the next ``count`` frames of ``seg`` (None: all that are left; only a
         family whose ``publish`` makes each frame from its own latents alone,
-        ``FamilySpec.publish_per_frame``, is given fewer). After the chunk's last frame its
-        step is over: timed, counted, the session's timeline moved on. Returns the frames
-        published."""
+        ``FamilySpec.publish_per_frame``, is given fewer; ``seg.done`` counts them). After the
+        chunk's last frame its step is over: timed, counted, the session's timeline moved on."""
         p, state, n = self.pipeline, self.state, seg.step.chunk
         if seg.latents is None or seg.audio is None:  # all published already
-            return 0
+            return
         lo, total = seg.done, seg.latents.shape[0]
         hi = total if count is None else min(total, lo + count)
         frames = p.run_phase(
@@ -441,7 +436,6 @@ class Session:
                 self._trim_audio()
                 self._cond.notify_all()
             self.stats.chunks += 1
-        return int(frames.shape[0])
 
     def lag_seconds(self) -> float:
         """Audio waiting beyond what the next N chunk needs (0 when generation keeps up)."""
@@ -673,13 +667,10 @@ def _step_begun(
                 if isinstance(work, BaseException):
                     raise work
                 segments[id(s)] = s._segment(step, work)
-            count = 1 if wave == 0 and waves == 2 else None
-            made = s._publish_segment(segments[id(s)], count)
-            published[id(s)] = published.get(id(s), 0) + made
+            s._publish_segment(segments[id(s)], 1 if wave == 0 and waves == 2 else None)
         except Exception as err:
             results[id(s)] = err
 
-    published: dict[int, int] = {}
     if executor is not None and len(items) > 1:
         # In order, so each session's later wave is taken after its first (which an earlier
         # task runs): a later wave waits for it, never for a task queued behind itself.
@@ -696,7 +687,8 @@ def _step_begun(
             for item in items:
                 publish(item, wave)
     for (s, _), _work in items:
-        results.setdefault(id(s), published.get(id(s), 0))
+        if id(s) not in results:  # it did not fail: the frames it published
+            results[id(s)] = segments[id(s)].done
 
 
 def _after(first: Future, fn: Callable[..., None], *args: Any) -> None:
