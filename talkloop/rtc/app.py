@@ -15,7 +15,6 @@ from talkloop.pipeline.cluster.connect import disconnect
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.core.heap import freeze_loaded
-from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.models.registry import (
     build_pipeline,
     installed_weights,
@@ -27,7 +26,7 @@ from talkloop.rtc.call import CallConfig
 from talkloop.rtc.cluster import cluster_server
 from talkloop.rtc.ice import IceConfig
 from talkloop.rtc.security import OFFER_TIMEOUT_S, AccessPolicy
-from talkloop.rtc.server import AvatarServer
+from talkloop.rtc.server import AvatarServer, prepare_avatar
 from talkloop.rtc.slots import check_max_calls
 
 NO_WEIGHTS_NOTICE = (
@@ -49,14 +48,6 @@ def live_config_dict(base: dict, sampler_given: bool = False) -> dict:
     if not sampler_given:
         out["sampler"] = {**base.get("sampler", {}), **fam.live_sampler}
     return out
-
-
-def prepare_avatar(pipeline: Pipeline, reference: np.ndarray, prompt: str) -> None:
-    """Open and close one session on the server's avatar, so that its first calls start from
-    what the family prepared for it at a session's start (for a photo: its face models,
-    renderer and the render workers' copies, about 0.2 s of a core) instead of all making it
-    while their first chunks are due."""
-    pipeline.open_session(reference, prompt, []).close()
 
 
 def load_avatar(path: str | Path | None, config: TalkloopConfig) -> np.ndarray:
@@ -158,7 +149,6 @@ __all__ = [
     "check_max_calls",
     "live_config_dict",
     "load_avatar",
-    "prepare_avatar",
     "resolve_weights",
     "serve_forever",
 ]

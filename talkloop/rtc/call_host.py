@@ -8,11 +8,11 @@ did the admission. Its aiortc peer gathers the worker node's own ICE candidates,
 between the browser and the worker; only signaling, controls, stats and the agent protocol pass
 through the front (``talkloop/rtc/cluster.py``).
 
-The front calls, in order: ``prepare`` (placed, networks loaded: a warm actor waits here for
-a page), ``start`` (the page's connection served), then ``page_messages``/``agent_*`` as
-messages arrive (in order, in batches), while it long-polls ``poll`` for what the call sends.
-``poll`` answers at least every ``wait_s`` even when there is nothing to send, so a front that
-hears nothing for longer knows the actor or its node is gone.
+The front calls, in order: ``prepare`` (placed, networks loaded, the avatar prepared: a warm actor
+waits here for a page), ``start`` (the page's connection served), then ``page_messages`` /
+``agent_*`` as messages arrive (in order, in batches), while it long-polls ``poll`` for what the
+call sends. ``poll`` answers at least every ``wait_s`` even when there is nothing to send, so a
+front that hears nothing for longer knows the actor or its node is gone.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from talkloop.pipeline.models.registry import build_pipeline
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.ice import IceConfig
 from talkloop.rtc.relay import RelaySocket
-from talkloop.rtc.server import AvatarServer
+from talkloop.rtc.server import AvatarServer, prepare_avatar
 
 
 @dataclass
@@ -75,12 +75,12 @@ class CallHost:
         return None if self._tasks else await self.node()
 
     async def prepare(self) -> str:
-        """Load the networks and make the call's server, before any page is here (a warm
-        actor waits like this for the next page). Returns the Ray node id."""
-        import ray
-
+        """Load the networks, prepare the avatar (as ``talkloop serve`` does at start:
+        ``prepare_avatar``) and make the call's server, before any page is here (a warm actor
+        waits like this for the next page). Returns the Ray node id."""
         spec = self.spec
         pipeline = await asyncio.to_thread(build_pipeline, build_config(**spec.config))
+        await asyncio.to_thread(prepare_avatar, pipeline, spec.reference, spec.prompt)
         factory = spec.mirror_factory
         self.server = AvatarServer(
             pipeline,
@@ -96,7 +96,7 @@ class CallHost:
         self.outbox = asyncio.Queue()
         self.page = RelaySocket("page", self.outbox)
         freeze_loaded()  # as a single server does: full GC passes skip what the call loaded
-        return ray.get_runtime_context().get_node_id()
+        return await self.node()
 
     async def start(self, query: dict[str, list[str]], number: int) -> None:
         """Serve the page's connection (its ``query``) as call ``number`` of the front."""

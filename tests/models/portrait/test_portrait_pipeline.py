@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +16,10 @@ from talkloop.pipeline.core.session import step_sessions
 from talkloop.pipeline.core.workers import Bound
 from talkloop.pipeline.models.portrait import stages
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
-from talkloop.rtc.app import prepare_avatar
+from talkloop.rtc.call import CallConfig
+from talkloop.rtc.call_host import CallHost, HostSpec
+from talkloop.rtc.ice import IceConfig
+from talkloop.rtc.server import prepare_avatar
 
 from support import (
     CollectSink,
@@ -250,6 +254,32 @@ def test_a_server_prepares_its_avatar_before_its_first_call(modules, reference, 
     calls = []
     monkeypatch.setattr(stages, "detect_faces", lambda image: calls.append(image) or [])
     session = pipeline.open_session(reference.copy())
+    assert calls == [] and session.state.fields["renderer"] is not None
+    session.close()
+
+
+def test_a_cluster_actor_prepares_its_avatar_before_its_call(reference, monkeypatch):
+    """``talkloop serve --cluster``: a call's actor prepares the avatar in ``prepare``, while
+    it waits for a page, not when the call's first chunks are due."""
+    spec = HostSpec(
+        portrait_config().model_dump(mode="json"),
+        reference.copy(),
+        "",
+        CallConfig(),
+        "",
+        IceConfig(),
+        10.0,
+    )
+    host = CallHost(spec)
+
+    async def node(self) -> str:  # where Ray placed the actor: no Ray in this test
+        return "node"
+
+    monkeypatch.setattr(CallHost, "node", node)
+    assert asyncio.run(host.prepare()) == "node"
+    calls = []
+    monkeypatch.setattr(stages, "detect_faces", lambda image: calls.append(image) or [])
+    session = host.server.pipeline.open_session(reference.copy())
     assert calls == [] and session.state.fields["renderer"] is not None
     session.close()
 
