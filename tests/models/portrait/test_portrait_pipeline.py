@@ -16,6 +16,7 @@ from talkloop.pipeline.core.session import step_sessions
 from talkloop.pipeline.core.workers import Bound
 from talkloop.pipeline.models.portrait import stages
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
+from talkloop.rtc import call_host
 from talkloop.rtc.call import CallConfig
 from talkloop.rtc.call_host import CallHost, HostSpec
 from talkloop.rtc.ice import IceConfig
@@ -276,6 +277,8 @@ def test_a_cluster_actor_prepares_its_avatar_before_its_call(reference, monkeypa
         return "node"
 
     monkeypatch.setattr(CallHost, "node", node)
+    # A server freezes its loaded heap (gc.freeze); the test process is not one.
+    monkeypatch.setattr(call_host, "freeze_loaded", lambda: None)
     assert asyncio.run(host.prepare()) == "node"
     calls = []
     monkeypatch.setattr(stages, "detect_faces", lambda image: calls.append(image) or [])
