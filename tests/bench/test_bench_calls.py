@@ -90,6 +90,10 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     (level,) = result["levels"]
     (call,) = level["per_call"]
     assert call["frames_sent"] >= 200 and not call["errors"]  # a real call ran its 12 s
+    cost = level["cost"]  # what the call cost: the server with its render workers, the client
+    assert cost["server_cores"] > 0 and cost["client_cores"] > 0
+    assert cost["cores_per_call"] == pytest.approx(cost["server_cores"] + cost["client_cores"])
     assert result["calls"] == (1 if level["passed"] else 0)
     assert measured_capacity("portrait") == result["calls"]
-    assert "calls per node:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "calls per node:" in printed and "cores a call (server and render workers" in printed

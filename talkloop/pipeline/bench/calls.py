@@ -9,7 +9,9 @@ chunk was skipped; the first level that fails ends the measurement. The largest 
 is this machine's capacity: printed with the CPU, written to ``OUT/calls.json`` and cached for
 ``talkloop worker --slots auto``
 (``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
-family).
+family). Each level also reports what its calls cost, measured over the middle of the calls: the
+cores its server (with its render workers) and its clients used, per call, and the share of the
+CPU time the host took meanwhile (``talkloop/pipeline/bench/cpu.py``).
 
 The calls stay on loopback. ICE skips 127.0.0.1, so as root the bench runs them in a private
 network namespace on 127.0.0.2 (``talkloop bench`` starts it, as ``--live`` does).
@@ -25,10 +27,14 @@ import time
 from pathlib import Path
 
 from talkloop.pipeline.backends.cache import cache_dir, key
+from talkloop.pipeline.bench.cpu import cores_between, snapshot, with_descendants
 from talkloop.pipeline.core.config import cpu_info
 from talkloop.rtc.client import wait_serving
 
 LATE_PCT_MAX = 1.0  # a call with more late or missed frame slots than this fails its level
+# The part of a level's calls whose CPU is measured: past the calls' start (ICE, DTLS, the
+# encoders' first keyframes), before their end.
+CPU_WINDOW = (0.25, 0.9)
 
 
 def capacity_file(family: str) -> Path:
@@ -126,13 +132,28 @@ def run_level(n: int, seconds: float, family: str, out: Path, host: str) -> dict
                 for f in files
             ]
             start_together(clients)
+            cost = measure_cost(server.pid, [c.pid for c in clients], seconds)
             for c in clients:
                 c.wait(timeout=seconds + 300)
             calls = [one_call(json.loads(f.read_text())) for f in files]
         finally:
             server.terminate()
             server.wait(timeout=60)
-    return {"calls": n, "per_call": calls}
+    return {"calls": n, "per_call": calls, "cost": cost}
+
+
+def measure_cost(server: int, clients: list[int], seconds: float) -> dict[str, float | None]:
+    """The cores the server (its render workers included) and the clients of a level use over
+    ``CPU_WINDOW`` of its ``seconds``-long calls, which started now, per call too, and the
+    host's steal share meanwhile (``talkloop/pipeline/bench/cpu.py``)."""
+    time.sleep(CPU_WINDOW[0] * seconds)
+    groups = {"server": with_descendants(server), "client": clients}
+    first = snapshot(groups)
+    time.sleep((CPU_WINDOW[1] - CPU_WINDOW[0]) * seconds)
+    cost = cores_between(first, snapshot(groups))
+    used = [cost["server_cores"], cost["client_cores"]]
+    cost["cores_per_call"] = None if None in used else round(sum(used) / len(clients), 3)
+    return cost
 
 
 def measure_calls(

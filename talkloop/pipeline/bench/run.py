@@ -208,13 +208,24 @@ def cmd_bench_calls(args: argparse.Namespace, config: TalkloopConfig) -> int:
         skipped = sum(c["skipped_frames"] for c in level["per_call"])
         print(
             f"  {level['calls']} call(s): worst {worst} % late or missed, {skipped} frames "
-            f"skipped: {'pass' if level['passed'] else 'FAIL'}"
+            f"skipped: {'pass' if level['passed'] else 'FAIL'}{cost_line(level['cost'])}"
         )
     print(
         f"calls per node: {r['calls']} ({r['cpu']}, {r['cores']} cores); "
         f"wrote {args.out / 'calls.json'}"
     )
     return 0
+
+
+def cost_line(cost: dict) -> str:
+    """What a level's calls cost, as ``talkloop bench --calls`` prints it (empty when unknown)."""
+    if cost["cores_per_call"] is None:
+        return ""
+    return (
+        f"; {cost['cores_per_call']} cores a call (server and render workers "
+        f"{cost['server_cores']}, clients {cost['client_cores']}), the host took "
+        f"{cost['steal_pct']} % of the CPU time"
+    )
 
 
 def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
