@@ -45,21 +45,25 @@ X264_THREADS = 1
 # "Figures behind code choices"). A lower estimate is followed as before.
 MAX_BITS_PER_PIXEL = 4.5
 ENCODER_SLOT = "_RTCRtpSender__encoder"  # RTCRtpSender's private self.__encoder
-# U and V rows of BT.601 limited range (what swscale gives an RGB frame for x264), offset last.
-_UV = np.array([[-37.797, -74.203, 112.0, 128 * 255], [112.0, -93.786, -18.214, 128 * 255]]) / 255
+# Full-range BT.601 chroma (JPEG's, what OpenCV's YCrCb gives) -> limited range (what swscale
+# gives x264): 128 + (c - 128) * 224 / 255, rounded.
+_LIMITED_CHROMA = np.round(128 + (np.arange(256) - 128) * (224 / 255)).astype(np.uint8)
 
 
 def rgb_to_i420(rgb: np.ndarray) -> np.ndarray:
     """(H, W, 3) uint8 RGB, H and W even -> (H * 3 / 2, W) uint8 I420, BT.601 limited range.
 
     The picture x264 would get from swscale (luma within 1, chroma the mean of each 2x2 block
-    within a few levels) for about a third of swscale's time here: OpenCV's luma, and chroma
-    from the frame shrunk by area (OpenCV's own I420 takes one pixel of four)."""
+    within a few levels) for a fraction of swscale's time: OpenCV's luma, and chroma from the
+    frame shrunk by area (OpenCV's own I420 takes one pixel of four), converted by OpenCV's
+    full-range YCrCb and a table to limited range (a 3x2 ``cv2.transform`` did the same in double
+    precision for four times the time: docs/benchmarks.md, "Figures behind code choices")."""
     h, w = rgb.shape[:2]
     yuv = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420)
-    uv = cv2.transform(cv2.resize(rgb, (w // 2, h // 2), interpolation=cv2.INTER_AREA), _UV)
-    yuv[h : h + h // 4] = uv[..., 0].reshape(h // 4, w)
-    yuv[h + h // 4 :] = uv[..., 1].reshape(h // 4, w)
+    small = cv2.resize(rgb, (w // 2, h // 2), interpolation=cv2.INTER_AREA)
+    ycrcb = cv2.LUT(cv2.cvtColor(small, cv2.COLOR_RGB2YCrCb), _LIMITED_CHROMA)
+    yuv[h : h + h // 4] = ycrcb[..., 2].reshape(h // 4, w)  # U: Cb
+    yuv[h + h // 4 :] = ycrcb[..., 1].reshape(h // 4, w)  # V: Cr
     return yuv
 
 
