@@ -18,7 +18,6 @@ from talkloop.pipeline.models.portrait import stages
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
 from talkloop.rtc import call_host
 from talkloop.rtc.call import CallConfig
-from talkloop.rtc.call_host import CallHost, HostSpec
 from talkloop.rtc.ice import IceConfig
 from talkloop.rtc.server import prepare_avatar
 
@@ -262,7 +261,7 @@ def test_a_server_prepares_its_avatar_before_its_first_call(modules, reference, 
 def test_a_cluster_actor_prepares_its_avatar_before_its_call(reference, monkeypatch):
     """``talkloop serve --cluster``: a call's actor prepares the avatar in ``prepare``, while
     it waits for a page, not when the call's first chunks are due."""
-    spec = HostSpec(
+    spec = call_host.HostSpec(
         portrait_config().model_dump(mode="json"),
         reference.copy(),
         "",
@@ -271,12 +270,12 @@ def test_a_cluster_actor_prepares_its_avatar_before_its_call(reference, monkeypa
         IceConfig(),
         10.0,
     )
-    host = CallHost(spec)
+    host = call_host.CallHost(spec)
 
     async def node(self) -> str:  # where Ray placed the actor: no Ray in this test
         return "node"
 
-    monkeypatch.setattr(CallHost, "node", node)
+    monkeypatch.setattr(call_host.CallHost, "node", node)
     # A server freezes its loaded heap (gc.freeze); the test process is not one.
     monkeypatch.setattr(call_host, "freeze_loaded", lambda: None)
     assert asyncio.run(host.prepare()) == "node"
