@@ -34,7 +34,7 @@ class Timed:
         return self.offset + (k + 1) * CHUNK_S
 
     def next_chunk(self) -> NChunk:
-        return NChunk(self.next, self.next * 3, 3)
+        return NChunk(self.next, self.next * 3, self.next * 3 + 3)
 
     def ready(self) -> bool:
         return self.now[0] >= self._audio_until(self.next)
@@ -147,6 +147,19 @@ def test_calls_that_joined_apart_are_gathered_into_batches_and_none_is_late() ->
         assert not late
     # every chunk still ran: the four timelines kept up with real time (250 chunks each)
     assert sum(len(chunks) for *_, chunks in gathered) >= 4 * 245
+
+
+def test_calls_that_open_together_share_their_first_turn() -> None:
+    """Before the engine has timed a turn it still gathers (a reserve of half a chunk): two
+    calls of a fresh server whose first chunks come ready 5 ms apart run them as one batch, in
+    time, rather than as two turns."""
+    now, log = [0.0], []
+    calls = [Timed(f"c{i}", now, object(), 0.005 * i) for i in range(2)]
+    calls[1].pipeline = calls[0].pipeline
+    simulate(calls, now, 0.005, 0.2, batch_s=0.02, log=log, max_batch=8)
+    start, end, chunks = log[0]
+    assert [s.name for s, _ in chunks] == ["c0", "c1"]
+    assert start == pytest.approx(0.125) and all(end <= due for _, due in chunks)
 
 
 def test_a_lone_call_never_waits() -> None:

@@ -21,10 +21,10 @@ dispatch, not arithmetic: docs/benchmarks.md), but calls that joined at differen
 their chunks' audio complete at different moments. So a ready batch that could still grow (other
 sessions of its pipeline, on the same clock, are not in it) waits for them until its *latest
 start*: the earliest deadline in it less a reserve, the median of the last ``TURN_HISTORY``
-turns' durations (timed on that clock) plus ``GATHER_MARGIN_S``. Whoever becomes ready meanwhile
-joins it. A lone call never waits (there is nobody to gather), nor does a batch that is full, nor
-anything before the engine has timed a turn; under overload the latest start has passed and the
-batch runs at once.
+turns' durations (timed on that clock) plus ``GATHER_MARGIN_S``; before the engine has timed a turn
+(a fresh server's first calls) the reserve is ``FIRST_RESERVE_SHARE`` of the chunk's own duration.
+Whoever becomes ready meanwhile joins it. A lone call never waits (there is nobody to gather), nor
+does a batch that is full; under overload the latest start has passed and the batch runs at once.
 
 **One grid.** Gathering can only wait so long: calls that joined at random moments have their
 chunks' audio complete at random phases of a chunk's duration, and a batch that waited for all of
@@ -69,6 +69,12 @@ WAIT_S = 0.02  # longest sleep without a wake-up: one driving block
 TURN_HISTORY = 32  # turns whose compute time sets the gathering reserve
 TURN_QUANTILE = 0.5  # of those, the one that sets it: the median (docs/benchmarks.md, 2026-12-04)
 GATHER_MARGIN_S = 0.02  # what a gathered batch's start may still slip by (a wake-up, a tick)
+# The reserve before any turn is timed, as a share of the chunk's duration: the median turn of
+# two to four calls on a 2-core VM took 35-70 ms of an 80 ms chunk (docs/benchmarks.md). Without
+# it two calls that opened together ran their first chunks as two turns side by side, each slower
+# than one batch of both, while their connections and encoders also started (docs/benchmarks.md,
+# "Intel Xeon (family 6 model 207), 2026-12-06 08:22-09:50").
+FIRST_RESERVE_SHARE = 0.5
 
 
 @dataclass(eq=False)
@@ -262,9 +268,18 @@ class Engine:
                 for st in self._streams
             )
             turns = sorted(self._turn_s)
-        if not others or not turns:
+        if not others:
             return float("-inf")
-        return due - turns[int(TURN_QUANTILE * (len(turns) - 1))] - GATHER_MARGIN_S
+        if turns:
+            reserve = turns[int(TURN_QUANTILE * (len(turns) - 1))]
+        else:
+            first = batch[0]
+            chunk = first.session.next_chunk()
+            if chunk is None:  # it has just ended
+                return float("-inf")
+            chunk_s = first.deadline(chunk.stop) - first.deadline(chunk.start)
+            reserve = FIRST_RESERVE_SHARE * chunk_s
+        return due - reserve - GATHER_MARGIN_S
 
     def _fail(self, stream: Stream, err: BaseException) -> None:
         with self._cond:
