@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,6 +30,19 @@ _SPIN = (
     "print('spun', flush=True)\n"
     "sys.stdin.read()\n"
 )
+
+
+def _read_lines(fd: int, n: int, patience_s: float = 120.0) -> list[str]:
+    """The first ``n`` lines written to ``fd``; fails the test rather than hang when a process
+    that should write one never does."""
+    data = b""
+    while data.count(b"\n") < n:
+        ready, _, _ = select.select([fd], [], [], patience_s)
+        chunk = os.read(fd, 1024) if ready else b""
+        if not chunk:
+            pytest.fail(f"expected {n} lines, got {data!r}")
+        data += chunk
+    return data.decode().split()
 
 
 @pytest.mark.unit
@@ -59,11 +73,10 @@ def test_a_process_and_its_children_are_counted_with_the_cpu_they_used() -> None
         [sys.executable, "-c", spawn + _SPIN],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        text=True,
     )
     try:
         # both write to our pipe: once each has spun
-        assert [parent.stdout.readline().strip() for _ in range(2)] == ["spun", "spun"]
+        assert _read_lines(parent.stdout.fileno(), 2) == ["spun", "spun"]
         tree = with_descendants(parent.pid)
         assert tree[0] == parent.pid and len(tree) == 2
         # /proc counts whole clock ticks, a little behind the process's own clock
