@@ -45,9 +45,10 @@ X264_THREADS = 1
 # "Figures behind code choices"). A lower estimate is followed as before.
 MAX_BITS_PER_PIXEL = 4.5
 ENCODER_SLOT = "_RTCRtpSender__encoder"  # RTCRtpSender's private self.__encoder
-# Full-range BT.601 chroma (JPEG's, what OpenCV's YCrCb gives) -> limited range (what swscale
-# gives x264): 128 + (c - 128) * 224 / 255, rounded.
-_LIMITED_CHROMA = np.round(128 + (np.arange(256) - 128) * (224 / 255)).astype(np.uint8)
+# OpenCV's YCrCb of a float picture: chroma = 0.5 + the BT.601 full-range difference. Limited
+# range (what swscale gives x264) = 128 + 224 / 255 of that difference, rounded once.
+_CHROMA_SCALE = 224 / 255
+_CHROMA_OFFSET = 128 - 0.5 * _CHROMA_SCALE
 
 
 def rgb_to_i420(rgb: np.ndarray) -> np.ndarray:
@@ -56,12 +57,15 @@ def rgb_to_i420(rgb: np.ndarray) -> np.ndarray:
     The picture x264 would get from swscale (luma within 1, chroma the mean of each 2x2 block
     within a few levels) for a fraction of swscale's time: OpenCV's luma, and chroma from the
     frame shrunk by area (OpenCV's own I420 takes one pixel of four), converted by OpenCV's
-    full-range YCrCb and a table to limited range (a 3x2 ``cv2.transform`` did the same in double
-    precision for four times the time: docs/benchmarks.md, "Figures behind code choices")."""
+    YCrCb in float and scaled to limited range in one rounding step (a 3x2 ``cv2.transform``
+    gave the same within 1 level for half again the time: docs/benchmarks.md, "Figures behind
+    code choices")."""
     h, w = rgb.shape[:2]
     yuv = cv2.cvtColor(rgb, cv2.COLOR_RGB2YUV_I420)
-    small = cv2.resize(rgb, (w // 2, h // 2), interpolation=cv2.INTER_AREA)
-    ycrcb = cv2.LUT(cv2.cvtColor(small, cv2.COLOR_RGB2YCrCb), _LIMITED_CHROMA)
+    small = cv2.resize(rgb, (w // 2, h // 2), interpolation=cv2.INTER_AREA).astype(np.float32)
+    ycrcb = cv2.convertScaleAbs(
+        cv2.cvtColor(small, cv2.COLOR_RGB2YCrCb), alpha=_CHROMA_SCALE, beta=_CHROMA_OFFSET
+    )
     yuv[h : h + h // 4] = ycrcb[..., 2].reshape(h // 4, w)  # U: Cb
     yuv[h + h // 4 :] = ycrcb[..., 1].reshape(h // 4, w)  # V: Cr
     return yuv
