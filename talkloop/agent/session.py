@@ -197,7 +197,7 @@ class AvatarSession:
         )
         self._mic = StreamResampler(OUTPUT_RATE)
         # Decoded microphone frames, converted on a worker thread; the tick takes them.
-        self._mic_frames = FrameConverter(OUTPUT_RATE, name=f"{name}-mic")
+        self._mic_frames = FrameConverter(OUTPUT_RATE, name=f"mic-{name}")
         self.listeners: list[Callable[[PlaybackEvent], None]] = []
         # Called once, on the event loop, if generation fails (the session is then dead: its
         # video would hold the last frame forever). Not called for a close.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ from talkloop.pipeline.cluster.connect import disconnect
 from talkloop.pipeline.core.config import TalkloopConfig
 from talkloop.pipeline.core.errors import ConfigError
 from talkloop.pipeline.core.heap import freeze_loaded
+from talkloop.pipeline.core.threadnames import NAME_EVERY_S, name_os_threads
 from talkloop.pipeline.models.registry import (
     build_pipeline,
     installed_weights,
@@ -126,13 +128,25 @@ async def serve_forever(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    naming = loop.create_task(_name_threads(stop))
     try:
         await stop.wait()
     finally:
+        await naming
         await server.stop()
         if cluster is not None:  # leave Ray now, not in its exit hook (which sets status 1)
             await asyncio.to_thread(disconnect)
         print("talkloop: stopped", flush=True)
+
+
+async def _name_threads(stop: asyncio.Event) -> None:
+    """Give the OS the names of the server's threads (``top -H``, ``talkloop bench --calls``:
+    ``talkloop/pipeline/core/threadnames.py``) every ``NAME_EVERY_S`` until ``stop`` is set; a
+    call's threads start with the call."""
+    while not stop.is_set():
+        name_os_threads()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), NAME_EVERY_S)
 
 
 def resolve_weights(

@@ -93,7 +93,13 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     cost = level["cost"]  # what the call cost: the server with its render workers, the client
     assert cost["server_cores"] > 0 and cost["client_cores"] > 0
     assert cost["cores_per_call"] == pytest.approx(cost["server_cores"] + cost["client_cores"])
+    # ...and how the server's split: a real call's threads, named by the server, and its workers
+    parts = cost["server_parts"]
+    assert {"render_workers", "event_loop", "engine", "executor", "microphone"} <= set(parts)
+    assert all(parts[p] > 0 for p in ("render_workers", "event_loop", "engine", "executor"))
+    assert sum(parts.values()) == pytest.approx(cost["server_cores"], abs=0.02)
     assert result["calls"] == (1 if level["passed"] else 0)
     assert measured_capacity("portrait") == result["calls"]
     printed = capsys.readouterr().out
     assert "calls per node:" in printed and "cores a call (server and render workers" in printed
+    assert "the server's cores by part: " in printed and "render workers" in printed

@@ -1,4 +1,5 @@
-"""The CPU a level's processes use and the host's steal share (``talkloop.pipeline.bench.cpu``)."""
+"""The CPU a level's processes and the server's threads use, and the host's steal share
+(``talkloop.pipeline.bench.cpu``, ``talkloop.pipeline.bench.calls.server_parts``)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,23 @@ import select
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
+from talkloop.pipeline.bench.calls import server_parts
 from talkloop.pipeline.bench.cpu import (
+    MAIN_THREAD,
     CpuSnapshot,
     cores_between,
     cpu_seconds,
     host_ticks,
+    snapshot,
+    thread_cores_between,
     with_descendants,
 )
+from talkloop.pipeline.core.threadnames import name_os_threads
 
 # Two /proc/stat texts 10 s apart on a 2-core machine: 2,000 ticks, 150 of them stolen.
 _STAT_BEFORE = "cpu  1000 0 200 5000 10 0 5 100 0 0\ncpu0 500 0 100 2500 5 0 3 50 0 0\n"
@@ -87,3 +95,70 @@ def test_a_process_and_its_children_are_counted_with_the_cpu_they_used() -> None
                 os.kill(pid, signal.SIGKILL)
         parent.wait(timeout=10)
     assert cpu_seconds(parent.pid) is None  # gone
+
+
+@pytest.mark.unit
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_threads_of_a_process_are_counted_by_name_with_the_cpu_they_used() -> None:
+    spun: list[float] = []
+    started, release = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        started.set()
+        while time.thread_time() < 0.3:
+            pass
+        spun.append(time.thread_time())
+        release.wait(30)
+
+    thread = threading.Thread(target=spin, name="engine-7")
+    thread.start()
+    started.wait(30)
+    name_os_threads()
+    first = snapshot({}, threads_of=os.getpid())
+    while not spun:
+        time.sleep(0.01)
+    last = snapshot({}, threads_of=os.getpid())
+    try:
+        assert first.threads[thread.native_id][0] == "engine-7"
+        assert last.threads[os.getpid()][0] == MAIN_THREAD
+        # /proc counts whole clock ticks (10 ms), a little behind the thread's own clock
+        used = last.threads[thread.native_id][1]
+        assert spun[0] - 0.05 <= used <= spun[0] + 0.02
+        cores = thread_cores_between(first, last)
+        span = last.at - first.at
+        assert cores["engine-7"] == pytest.approx(
+            (used - first.threads[thread.native_id][1]) / span, abs=1e-3
+        )
+    finally:
+        release.set()
+        thread.join(30)
+
+
+@pytest.mark.unit
+def test_the_server_cores_split_into_its_parts_by_thread_name() -> None:
+    server, worker = 100, 200
+    names = {
+        server: MAIN_THREAD,
+        101: "engine-0",
+        102: "engine-publish_",
+        103: "asyncio_2",
+        104: "mic-3734f7d24cd",
+        105: "audio-decoder",
+        106: "Thread-9",
+    }
+    before = {tid: (name, 10.0) for tid, name in names.items()}
+    used = {server: 0.9, 101: 0.8, 102: 0.3, 103: 1.1, 104: 0.1, 105: 0.1, 106: 0.2}
+    after = {tid: (name, 10.0 + used[tid]) for tid, name in names.items()}
+    after[107] = ("engine-1", 5.0)  # started within the window: not counted
+    a = CpuSnapshot(0.0, {"server": {server: 50.0, worker: 20.0}}, None, before)
+    b = CpuSnapshot(10.0, {"server": {server: 53.5, worker: 22.0}}, None, after)
+    assert server_parts(a, b, server) == {
+        "render_workers": 0.2,
+        "executor": 0.11,
+        "event_loop": 0.09,
+        "engine": 0.08,
+        "publish": 0.03,
+        "microphone": 0.02,
+        "other": 0.02,
+    }
+    assert server_parts(a, CpuSnapshot(10.0, b.seconds, None), server) == {}  # no threads

@@ -10,8 +10,9 @@ is this machine's capacity: printed with the CPU, written to ``OUT/calls.json`` 
 ``talkloop worker --slots auto``
 (``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
 family). Each level also reports what its calls cost, measured over the middle of the calls: the
-cores its server (with its render workers) and its clients used, per call, and the share of the
-CPU time the host took meanwhile (``talkloop/pipeline/bench/cpu.py``).
+cores its server (with its render workers) and its clients used, per call, the share of the
+CPU time the host took meanwhile (``talkloop/pipeline/bench/cpu.py``), and how the server's cores
+split between the parts of a call (``SERVER_PARTS``, by the names the server gives its threads).
 
 The calls stay on loopback. ICE skips 127.0.0.1, so as root the bench runs them in a private
 network namespace on 127.0.0.2 (``talkloop bench`` starts it, as ``--live`` does).
@@ -27,7 +28,14 @@ import time
 from pathlib import Path
 
 from talkloop.pipeline.backends.cache import cache_dir, key
-from talkloop.pipeline.bench.cpu import cores_between, snapshot, with_descendants
+from talkloop.pipeline.bench.cpu import (
+    MAIN_THREAD,
+    CpuSnapshot,
+    cores_between,
+    snapshot,
+    thread_cores_between,
+    with_descendants,
+)
 from talkloop.pipeline.core.config import cpu_info
 from talkloop.rtc.client import wait_serving
 
@@ -35,6 +43,18 @@ LATE_PCT_MAX = 1.0  # a call with more late or missed frame slots than this fail
 # The part of a level's calls whose CPU is measured: past the calls' start (ICE, DTLS, the
 # encoders' first keyframes), before their end.
 CPU_WINDOW = (0.25, 0.9)
+# The server's threads by the start of their names (``talkloop serve`` gives the OS its threads'
+# Python names), the first match: the part of the calls each does. Its render workers are
+# processes of their own (``render_workers``); a thread none matches counts as ``other``.
+SERVER_PARTS = (
+    (MAIN_THREAD, "event_loop"),  # signalling, every call's RTP, RTCP and SRTP, the pacing
+    ("engine-publish", "publish"),  # a chunk's frames: sent to the render workers, published
+    ("engine", "engine"),  # each turn's motion net and audio features, for every call in it
+    ("asyncio", "executor"),  # asyncio's executor: aiortc's encoders (I420, x264, Opus)
+    ("audio-decoder", "microphone"),  # aiortc's Opus decoding of a call's microphone
+    ("mic-", "microphone"),  # a call's decoded microphone frames to float mono
+    ("talkloop-control", "control"),  # opening and closing calls
+)
 
 
 def capacity_file(family: str) -> Path:
@@ -148,12 +168,31 @@ def measure_cost(server: int, clients: list[int], seconds: float) -> dict[str, f
     host's steal share meanwhile (``talkloop/pipeline/bench/cpu.py``)."""
     time.sleep(CPU_WINDOW[0] * seconds)
     groups = {"server": with_descendants(server), "client": clients}
-    first = snapshot(groups)
+    first = snapshot(groups, threads_of=server)
     time.sleep((CPU_WINDOW[1] - CPU_WINDOW[0]) * seconds)
-    cost = cores_between(first, snapshot(groups))
+    last = snapshot(groups, threads_of=server)
+    cost: dict = dict(cores_between(first, last))
     used = [cost["server_cores"], cost["client_cores"]]
     cost["cores_per_call"] = None if None in used else round(sum(used) / len(clients), 3)
+    cost["server_parts"] = server_parts(first, last, server)
     return cost
+
+
+def server_parts(first: CpuSnapshot, last: CpuSnapshot, server: int) -> dict[str, float]:
+    """The cores the server's parts (``SERVER_PARTS``, and its render workers) used between the
+    two snapshots, each part's threads summed; empty where the threads are not known."""
+    span = last.at - first.at
+    threads = thread_cores_between(first, last)
+    if not threads or span <= 0:
+        return {}
+    parts: dict[str, float] = {}
+    before, after = first.seconds["server"], last.seconds["server"]
+    workers = sum(after[p] - before[p] for p in after if p in before and p != server)
+    parts["render_workers"] = workers / span
+    for name, cores in threads.items():
+        part = next((part for start, part in SERVER_PARTS if name.startswith(start)), "other")
+        parts[part] = parts.get(part, 0.0) + cores
+    return {part: round(cores, 3) for part, cores in sorted(parts.items(), key=lambda x: -x[1])}
 
 
 def measure_calls(

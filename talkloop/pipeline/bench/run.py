@@ -221,11 +221,17 @@ def cost_line(cost: dict) -> str:
     """What a level's calls cost, as ``talkloop bench --calls`` prints it (empty when unknown)."""
     if cost["cores_per_call"] is None:
         return ""
-    return (
+    line = (
         f"; {cost['cores_per_call']} cores a call (server and render workers "
         f"{cost['server_cores']}, clients {cost['client_cores']}), the host took "
         f"{cost['steal_pct']} % of the CPU time"
     )
+    parts = cost.get("server_parts")
+    if parts:
+        line += "; the server's cores by part: " + ", ".join(
+            f"{part.replace('_', ' ')} {cores}" for part, cores in parts.items()
+        )
+    return line
 
 
 def cmd_bench_live(args: argparse.Namespace, config: TalkloopConfig) -> int:
