@@ -128,25 +128,26 @@ async def serve_forever(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    naming = loop.create_task(_name_threads(stop))
+    naming = loop.create_task(_name_threads())
     try:
         await stop.wait()
     finally:
-        await naming
+        naming.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await naming
         await server.stop()
         if cluster is not None:  # leave Ray now, not in its exit hook (which sets status 1)
             await asyncio.to_thread(disconnect)
         print("talkloop: stopped", flush=True)
 
 
-async def _name_threads(stop: asyncio.Event) -> None:
+async def _name_threads() -> None:
     """Give the OS the names of the server's threads (``top -H``, ``talkloop bench --calls``:
-    ``talkloop/pipeline/core/threadnames.py``) every ``NAME_EVERY_S`` until ``stop`` is set; a
+    ``talkloop/pipeline/core/threadnames.py``) every ``NAME_EVERY_S``, until cancelled; a
     call's threads start with the call."""
-    while not stop.is_set():
+    while True:
         name_os_threads()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), NAME_EVERY_S)
+        await asyncio.sleep(NAME_EVERY_S)
 
 
 def resolve_weights(
