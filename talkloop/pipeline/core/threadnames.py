@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 COMM_BYTES = 15  # the kernel keeps 16 bytes of a task's name, the last one a NUL
-NAME_EVERY_S = 2.0  # how often a server names its threads (a call's start a few threads)
+NAME_EVERY_S = 2.0  # how often a server names its threads (each call starts a few)
 TASKS = Path("/proc/self/task")
 
 
