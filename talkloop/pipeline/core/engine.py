@@ -204,16 +204,17 @@ class Engine:
         for stream in live:
             chunk = stream.session.next_chunk()
             if chunk is not None and stream.session.ready():
-                ready.append((-stream.deficit, stream.deadline(chunk.start), stream))
+                ready.append((-stream.deficit, stream.deadline(chunk.start), stream, chunk))
         if not ready:
             return float("inf")
         ready.sort(key=lambda item: item[:2])
-        first = ready[0][-1]
-        batch = [first] + [st for *_, st in ready[1:] if self._batchable(first, st)][
+        first, chunk = ready[0][2:]
+        batch = [first] + [st for _, _, st, _ in ready[1:] if self._batchable(first, st)][
             : self.max_batch - 1
         ]
-        due = min(deadline for _, deadline, st in ready if st in batch)
-        hold = self._latest_start(batch, due) - first.now()
+        due = min(deadline for _, deadline, st, _ in ready if st in batch)
+        chunk_s = first.deadline(chunk.stop) - first.deadline(chunk.start)
+        hold = self._latest_start(batch, due, chunk_s) - first.now()
         if hold > 0:  # gathering: others may join before it must start
             return hold
         with self._cond:  # another worker may have taken some of them meanwhile
@@ -257,9 +258,9 @@ class Engine:
         """Whether ``other``'s chunk may run in one batch with ``first``'s."""
         return other.session.pipeline is first.session.pipeline and other.now == first.now
 
-    def _latest_start(self, batch: list[Stream], due: float) -> float:
-        """Until when ``batch``, whose first frame plays at ``due``, may wait for others to join
-        it (on its clock; -inf: run now)."""
+    def _latest_start(self, batch: list[Stream], due: float, chunk_s: float) -> float:
+        """Until when ``batch``, whose first frame plays at ``due`` and whose first chunk lasts
+        ``chunk_s``, may wait for others to join it (on its clock; -inf: run now)."""
         if len(batch) >= self.max_batch:
             return float("-inf")
         with self._cond:
@@ -273,11 +274,6 @@ class Engine:
         if turns:
             reserve = turns[int(TURN_QUANTILE * (len(turns) - 1))]
         else:
-            first = batch[0]
-            chunk = first.session.next_chunk()
-            if chunk is None:  # it has just ended
-                return float("-inf")
-            chunk_s = first.deadline(chunk.stop) - first.deadline(chunk.start)
             reserve = FIRST_RESERVE_SHARE * chunk_s
         return due - reserve - GATHER_MARGIN_S
 
