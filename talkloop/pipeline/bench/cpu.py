@@ -137,12 +137,13 @@ def cores_between(a: CpuSnapshot, b: CpuSnapshot) -> dict[str, float | None]:
 
 def thread_cores_between(a: CpuSnapshot, b: CpuSnapshot) -> dict[str, float]:
     """Cores the threads of ``threads_of`` used from ``a`` to ``b``, summed by thread name
-    (threads alive at both; one that changed its name counts under its later one)."""
+    (the name at ``b``). A thread that started in between counts with all it used (its clock
+    started at 0); one that ended in between is not known by name and is left out."""
     span = b.at - a.at
     out: dict[str, float] = {}
     if span <= 0:
         return out
     for tid, (name, after) in b.threads.items():
-        if tid in a.threads:
-            out[name] = out.get(name, 0.0) + (after - a.threads[tid][1]) / span
+        before = a.threads[tid][1] if tid in a.threads else 0.0
+        out[name] = out.get(name, 0.0) + (after - before) / span
     return {name: round(cores, 3) for name, cores in out.items()}
