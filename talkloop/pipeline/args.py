@@ -148,3 +148,38 @@ def config_from_args(args: argparse.Namespace) -> TalkloopConfig:
         },
         seed=getattr(args, "seed", 0),
     )
+
+
+def serve_flags(args: argparse.Namespace) -> list[str]:
+    """The ``talkloop serve`` flags that give its calls the video and model arguments in
+    ``args`` (and its ``playout_delay_ms``, where it has one): the family and the frame size
+    always (the family's default size where ``args`` names none), any other flag only where it
+    differs from its default. ``args`` may lack any of them (``talkloop worker`` has only
+    ``--family`` and ``--size``); a missing one counts as its default.
+
+    ``talkloop bench --calls`` starts its servers with these, and keys the calls per node it
+    measured by them (``talkloop worker --slots auto`` looks the figure up the same way).
+    """
+    defaults = argparse.ArgumentParser()
+    add_video_args(defaults)
+    add_model_args(defaults)
+    default = vars(defaults.parse_args([]))
+    value = {dest: getattr(args, dest, default[dest]) for dest in default}
+    family = value["family"]
+    width, height = value["size"] or get_spec(family).native_sizes[0]
+    flags = ["--family", family, "--size", f"{width}x{height}"]
+    for dest in ("fps", "steps", "seed", "preset", "dtype", "backend", "device"):
+        if value[dest] != default[dest]:
+            flags += [f"--{dest}", str(value[dest])]
+    if value["weights"] is not None:
+        flags += ["--weights", str(Path(value["weights"]).resolve())]
+    if value["untrained"]:
+        flags.append("--untrained")
+    if value["render_processes"] is not None:
+        flags += ["--render-processes", str(value["render_processes"])]
+    if value["placement"]:
+        flags += ["--placement", ",".join(f"{k}={v}" for k, v in value["placement"].items())]
+    playout = getattr(args, "playout_delay_ms", None)
+    if playout is not None:
+        flags += ["--playout-delay-ms", str(playout)]
+    return flags

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from talkloop.pipeline.args import config_from_args, serve_flags
 from talkloop.pipeline.bench.calls import (
     capacity_file,
     measured_capacity,
     passes,
     start_together,
 )
-from talkloop.pipeline.cli import main
+from talkloop.pipeline.cli import build_parser, main
 from talkloop.pipeline.cluster.cli import auto_slots
 from talkloop.pipeline.core.errors import ConfigError
 
@@ -39,15 +40,52 @@ def test_a_level_passes_only_when_every_call_kept_up(calls, ok) -> None:
     assert passes({"per_call": calls}) is ok
 
 
+def _parse(*argv: str):
+    return build_parser().parse_args(list(argv))
+
+
 @pytest.mark.unit
-def test_slots_auto_takes_the_measured_figure_and_says_how_to_get_one(
+def test_the_servers_of_a_calls_bench_get_the_video_and_model_flags_it_was_given() -> None:
+    # The defaults: the family and its default size, nothing else (the key of the usual figure).
+    assert serve_flags(_parse("bench", "--calls", "2")) == [
+        "--family",
+        "portrait",
+        "--size",
+        "512x512",
+    ]
+    given = ["--size", "384", "--steps", "2", "--preset", "tiny", "--untrained", "--fps", "20"]
+    given += [
+        "--placement",
+        "a2v=offloaded",
+        "--render-processes",
+        "1",
+        "--playout-delay-ms",
+        "300",
+    ]
+    bench = _parse("bench", "--calls", "2", *given)
+    flags = serve_flags(bench)
+    assert flags[:4] == ["--family", "portrait", "--size", "384x384"]
+    serve = _parse("serve", *flags)  # a `talkloop serve` with these runs what the bench was given
+    assert config_from_args(serve) == config_from_args(bench)
+    assert serve.playout_delay_ms == 300
+
+
+@pytest.mark.unit
+def test_slots_auto_takes_the_figure_measured_for_its_family_and_size(
     tmp_path: Path, monkeypatch
 ) -> None:
     monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path))
-    with pytest.raises(ConfigError, match="talkloop bench --calls"):
-        auto_slots("portrait")
-    capacity_file("portrait").write_text(json.dumps({"calls": 3, "family": "portrait"}))
-    assert auto_slots("portrait") == 3 and measured_capacity("studio") is None
+    worker = _parse("worker", "--head", "--slots", "auto")
+    with pytest.raises(
+        ConfigError, match="talkloop bench --calls 6 --family portrait --size 512x512"
+    ):
+        auto_slots(worker)
+    small = _parse("bench", "--calls", "6", "--size", "384")
+    capacity_file(serve_flags(small)).write_text(json.dumps({"calls": 3}))
+    with pytest.raises(ConfigError):  # measured at 384x384: not the figure of the default size
+        auto_slots(worker)
+    assert auto_slots(_parse("worker", "--head", "--slots", "auto", "--size", "384x384")) == 3
+    assert measured_capacity(serve_flags(_parse("bench", "--family", "studio"))) is None
 
 
 @pytest.mark.unit
@@ -85,11 +123,13 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
 ) -> None:
     monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "calls"
-    assert main(["bench", "--calls", "1", "--seconds", "12", "--out", str(out)]) == 0
+    bench = ["bench", "--calls", "1", "--seconds", "12", "--size", "384", "--out", str(out)]
+    assert main(bench) == 0
     result = json.loads((out / "calls.json").read_text())
     (level,) = result["levels"]
     (call,) = level["per_call"]
     assert call["frames_sent"] >= 200 and not call["errors"]  # a real call ran its 12 s
+    assert call["video"] == {"width": 384, "height": 384, "fps": 25}  # at the size asked for
     cost = level["cost"]  # what the call cost: the server with its render workers, the client
     assert cost["server_cores"] > 0 and cost["client_cores"] > 0
     assert cost["cores_per_call"] == pytest.approx(cost["server_cores"] + cost["client_cores"])
@@ -99,7 +139,8 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     assert all(parts[p] > 0 for p in ("render_workers", "event_loop", "engine", "executor"))
     assert sum(parts.values()) == pytest.approx(cost["server_cores"], abs=0.02)
     assert result["calls"] == (1 if level["passed"] else 0)
-    assert measured_capacity("portrait") == result["calls"]
+    assert measured_capacity(serve_flags(_parse(*bench))) == result["calls"]
+    assert measured_capacity(serve_flags(_parse("bench"))) is None  # not the default size's
     printed = capsys.readouterr().out
     assert "calls per node:" in printed and "cores a call (server and render workers" in printed
     assert "the server's cores by part: " in printed and "render workers" in printed

@@ -1,7 +1,8 @@
 """Calls per node: how many live calls at once this machine carries (``talkloop bench --calls N``).
 
 For n = 1, 2, ... up to N: ``talkloop serve --max-sessions n`` on the bundled default avatar of
-the family and n scripted calls at once (``talkloop.rtc.client``), each client in its own process
+the family, with the video and model flags the bench was given (``serve_flags``: the frame size,
+the steps, ...), and n scripted calls at once (``talkloop.rtc.client``), each client in its own process
 as a browser would be, but on the same cores as the server (a real node does not spend the
 clients' decoding: the figure is a floor). The n calls start at one moment, once every client has
 loaded. A level passes when every call has at most 1 % of its frame slots late or missed and no
@@ -9,7 +10,7 @@ chunk was skipped; the first level that fails ends the measurement. The largest 
 is this machine's capacity: printed with the CPU, written to ``OUT/calls.json`` and cached for
 ``talkloop worker --slots auto``
 (``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
-family). Each level also reports what its calls cost, measured over the middle of the calls: the
+servers' flags: the family, the frame size and any other flag given). Each level also reports what its calls cost, measured over the middle of the calls: the
 cores its server (with its render workers) and its clients used, per call, the share of the
 CPU time the host took meanwhile (``talkloop/pipeline/bench/cpu.py``), and how the server's cores
 split between the parts of a call (``SERVER_PARTS``, by the names the server gives its threads).
@@ -27,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from talkloop.pipeline.backends.cache import cache_dir, key
+from talkloop.pipeline.backends.cache import atomic_path, cache_dir, key
 from talkloop.pipeline.bench.cpu import (
     MAIN_THREAD,
     CpuSnapshot,
@@ -57,19 +58,21 @@ SERVER_PARTS = (
 )
 
 
-def capacity_file(family: str) -> Path:
-    """Where the measured capacity of ``family`` on this CPU is kept."""
+def capacity_file(serve_args: list[str]) -> Path:
+    """Where the capacity measured on this CPU for servers run with ``serve_args``
+    (``serve_flags``) is kept."""
     cpu = cpu_info()
     return (
         cache_dir()
-        / f"capacity-{key(cpu.get('model name', ''), cpu.get('flags', ''), family)}.json"
+        / f"capacity-{key(cpu.get('model name', ''), cpu.get('flags', ''), *serve_args)}.json"
     )
 
 
-def measured_capacity(family: str) -> int | None:
-    """The calls per node ``talkloop bench --calls`` measured here for ``family`` (None: never)."""
+def measured_capacity(serve_args: list[str]) -> int | None:
+    """The calls per node ``talkloop bench --calls`` measured here for servers run with
+    ``serve_args`` (None: never)."""
     try:
-        return int(json.loads(capacity_file(family).read_text())["calls"])
+        return int(json.loads(capacity_file(serve_args).read_text())["calls"])
     except (OSError, ValueError, KeyError):
         return None
 
@@ -90,6 +93,7 @@ def one_call(data: dict) -> dict:
         "rtf": stats.get("rtf"),
         # chunks per turn of the server's engine (above 1: calls shared the motion net's forward)
         "chunks_per_turn": (stats.get("engine") or {}).get("chunks_per_turn"),
+        "video": data["session"].get("video"),  # the size and rate the server sent the call
         # every frame slot of the call that did not show a new frame on time
         "late_pct": round(100 * (late + overrun) / slots, 2) if slots else 100.0,
         "arrival_fps": round((len(t) - 1) / (t[-1] - t[0]), 2) if len(t) > 1 else 0.0,
@@ -125,11 +129,12 @@ def start_together(clients: list[subprocess.Popen]) -> None:
         c.stdin.close()
 
 
-def run_level(n: int, seconds: float, family: str, out: Path, host: str) -> dict:
-    """One level: a server with ``n`` slots and ``n`` calls of ``seconds`` at once."""
+def run_level(n: int, seconds: float, serve_args: list[str], out: Path, host: str) -> dict:
+    """One level: a server run with ``serve_args`` and ``n`` slots, and ``n`` calls of
+    ``seconds`` at once."""
     port = 8100 + n
     cmd = [sys.executable, "-m", "talkloop", "serve", "--host", host, "--port", str(port)]
-    cmd += ["--max-sessions", str(n), "--family", family]
+    cmd += ["--max-sessions", str(n), *serve_args]
     with open(out / f"serve-{n}.log", "w") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -196,14 +201,16 @@ def server_parts(first: CpuSnapshot, last: CpuSnapshot, server: int) -> dict[str
 
 
 def measure_calls(
-    max_calls: int, seconds: float, family: str, out: Path, host: str = "127.0.0.2"
+    max_calls: int, seconds: float, serve_args: list[str], out: Path, host: str = "127.0.0.2"
 ) -> dict:
-    """Levels 1..``max_calls`` until one fails; the result, also written and cached."""
+    """Levels 1..``max_calls`` of servers run with ``serve_args`` (``serve_flags``: the family
+    first) until one fails; the result, also written and cached."""
+    family = serve_args[serve_args.index("--family") + 1]
     out.mkdir(parents=True, exist_ok=True)
     cpu = cpu_info().get("model name", "unknown CPU")
     levels = []
     for n in range(1, max_calls + 1):
-        level = run_level(n, seconds, family, out, host)
+        level = run_level(n, seconds, serve_args, out, host)
         level["passed"] = passes(level)
         levels.append(level)
         for i, c in enumerate(level["per_call"]):
@@ -221,6 +228,7 @@ def measure_calls(
     result = {
         "calls": capacity,
         "family": family,
+        "serve_args": serve_args,
         "cpu": cpu,
         "cores": len(os.sched_getaffinity(0)),
         "seconds": seconds,
@@ -228,11 +236,13 @@ def measure_calls(
         "levels": levels,
     }
     (out / "calls.json").write_text(json.dumps(result, indent=2) + "\n")
-    cache = capacity_file(family)
+    cache = capacity_file(serve_args)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({k: v for k, v in result.items() if k != "levels"}) + "\n")
+    with atomic_path(cache) as tmp:
+        tmp.write_text(json.dumps({k: v for k, v in result.items() if k != "levels"}) + "\n")
     print(
-        f"calls per node ({family}, {cpu}, {result['cores']} cores, clients on the same cores): "
+        f"calls per node ({' '.join(serve_args)}, {cpu}, {result['cores']} cores, clients on the "
+        "same cores): "
         f"{capacity} with every call <= {LATE_PCT_MAX:g} % late or missed and no skipped chunk"
     )
     return result
@@ -242,7 +252,7 @@ def main(argv: list[str]) -> int:
     """``python -m talkloop.pipeline.bench.calls SPEC RESULT`` (how ``talkloop bench`` runs it)."""
     spec = json.loads(Path(argv[0]).read_text())
     result = measure_calls(
-        spec["max_calls"], spec["seconds"], spec["family"], Path(spec["out"]), spec["host"]
+        spec["max_calls"], spec["seconds"], spec["serve_args"], Path(spec["out"]), spec["host"]
     )
     Path(argv[1]).write_text(json.dumps(result))
     return 0

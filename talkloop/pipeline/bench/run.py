@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from talkloop.pipeline.args import serve_flags
 from talkloop.pipeline.bench.memory import MIN_STEADY_S
 from talkloop.pipeline.core.config import TalkloopConfig, build_config, cpu_info, native_bf16
 from talkloop.pipeline.core.errors import ConfigError, TalkloopError
@@ -192,13 +193,13 @@ def cmd_bench_calls(args: argparse.Namespace, config: TalkloopConfig) -> int:
     spec = {
         "max_calls": args.calls,
         "seconds": args.seconds,
-        "family": config.model.family,
+        "serve_args": serve_flags(args),  # the servers get the video and model flags given
         "out": str(args.out.resolve()),
         "host": "127.0.0.2" if netns else "127.0.0.1",
     }
     print(
-        f"talkloop bench --calls {args.calls}: {args.seconds:g} s calls of the "
-        f"{config.model.family} family, clients on the same cores, in "
+        f"talkloop bench --calls {args.calls}: {args.seconds:g} s calls of `talkloop serve "
+        f"{' '.join(spec['serve_args'])}`, clients on the same cores, in "
         f"{'a private network namespace' if netns else 'this host' + chr(39) + 's network'}",
         flush=True,
     )

@@ -11,7 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from talkloop.pipeline.args import add_model_args, add_video_args, config_from_args
+from talkloop.pipeline.args import (
+    add_model_args,
+    add_video_args,
+    config_from_args,
+    parse_size,
+    serve_flags,
+)
 from talkloop.pipeline.bench.calls import measured_capacity
 from talkloop.pipeline.cluster.batch import TASK_MEMORY_MB, run_batch, write_summary
 from talkloop.pipeline.cluster.connect import (
@@ -80,6 +86,13 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
         choices=family_names(),
         default=DEFAULT_FAMILY,
         help="the family whose measured capacity --slots auto takes",
+    )
+    w.add_argument(
+        "--size",
+        type=parse_size,
+        default=None,
+        help="with --slots auto: the frame size of the calls this node serves, as `talkloop "
+        "bench --calls` measured it (default: the family's default size)",
     )
     w.add_argument("--num-cpus", type=int, default=None, help="CPUs offered to batch renders")
     w.add_argument(
@@ -151,14 +164,16 @@ def cmd_render_batch(args: argparse.Namespace) -> int:
 # -- worker ---------------------------------------------------------------------------------------
 
 
-def auto_slots(family: str) -> int:
-    """``--slots auto``: the calls per node ``talkloop bench --calls`` measured on this CPU."""
-    measured = measured_capacity(family)
+def auto_slots(args: argparse.Namespace) -> int:
+    """``--slots auto``: the calls per node ``talkloop bench --calls`` measured on this CPU for
+    the worker's ``--family`` at its ``--size``."""
+    flags = serve_flags(args)
+    measured = measured_capacity(flags)
     if not measured:
         raise ConfigError(
-            f"--slots auto: no calls per node measured on this CPU for the {family} family (or "
-            f"it carried none); measure it with `talkloop bench --calls 6 --family {family}` "
-            "(docs/scaling.md), or give --slots N"
+            f"--slots auto: no calls per node measured on this CPU for `talkloop serve "
+            f"{' '.join(flags)}` (or it carried none); measure it with `talkloop bench --calls 6 "
+            f"{' '.join(flags)}` (docs/scaling.md), or give --slots N"
         )
     return measured
 
@@ -183,8 +198,11 @@ def ray_command(*args: str) -> list[str]:
 def cmd_worker(args: argparse.Namespace) -> int:
 
     if args.slots == "auto":
-        args.slots = auto_slots(args.family)
-        print(f"talkloop worker: {args.slots} slots (calls per node measured here, {args.family})")
+        args.slots = auto_slots(args)
+        print(
+            f"talkloop worker: {args.slots} slots (calls per node measured here, "
+            f"{' '.join(serve_flags(args))})"
+        )
     if args.slots < 0:
         raise ConfigError(f"--slots must be 0 or more, got {args.slots}")
     if args.head == bool(args.address):
