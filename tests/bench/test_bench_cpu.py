@@ -67,8 +67,9 @@ def test_cores_between_divides_cpu_seconds_by_the_time_between_and_names_the_ste
     cpu = cores_between(a, b)
     # pid 9 was not there at the start: its seconds are not the window's
     assert cpu == {"server_cores": 1.0, "client_cores": 0.15, "steal_pct": 7.5}
+    # every process of the group ended in the window: not known, rather than none used
     assert cores_between(a, CpuSnapshot(110.0, {"server": {}}, None)) == {
-        "server_cores": 0.0,
+        "server_cores": None,
         "steal_pct": None,
     }
 
@@ -150,8 +151,9 @@ def test_the_server_cores_split_into_its_parts_by_thread_name() -> None:
     used = {server: 0.9, 101: 0.8, 102: 0.3, 103: 1.1, 104: 0.1, 105: 0.1, 106: 0.2}
     after = {tid: (name, 10.0 + used[tid]) for tid, name in names.items()}
     after[107] = ("engine-1", 0.4)  # started within the window: all it used counts
+    before[108] = ("asyncio_5", 10.0)  # ended within it: its 0.5 s stay in the server's total
     a = CpuSnapshot(0.0, {"server": {server: 50.0, worker: 20.0}}, None, before)
-    b = CpuSnapshot(10.0, {"server": {server: 53.9, worker: 22.0}}, None, after)
+    b = CpuSnapshot(10.0, {"server": {server: 54.4, worker: 22.0}}, None, after)
     assert server_parts(a, b, server) == {
         "render_workers": 0.2,
         "executor": 0.11,
@@ -159,6 +161,6 @@ def test_the_server_cores_split_into_its_parts_by_thread_name() -> None:
         "engine": 0.12,
         "publish": 0.03,
         "microphone": 0.02,
-        "other": 0.02,
+        "other": 0.07,  # Thread-9's 0.02 and the ended thread's 0.05
     }
     assert server_parts(a, CpuSnapshot(10.0, b.seconds, None), server) == {}  # no threads

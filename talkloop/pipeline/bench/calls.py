@@ -46,7 +46,8 @@ LATE_PCT_MAX = 1.0  # a call with more late or missed frame slots than this fail
 CPU_WINDOW = (0.25, 0.9)
 # The server's threads by the start of their names (``talkloop serve`` gives the OS its threads'
 # Python names), the first match: the part of the calls each does. Its render workers are
-# processes of their own (``render_workers``); a thread none matches counts as ``other``.
+# processes of their own (``render_workers``); a thread none matches, or one that ended while
+# measured, counts as ``other``.
 SERVER_PARTS = (
     (MAIN_THREAD, "event_loop"),  # signalling, every call's RTP, RTCP and SRTP, the pacing
     ("engine-publish", "publish"),  # a chunk's frames: sent to the render workers, published
@@ -185,18 +186,22 @@ def measure_cost(server: int, clients: list[int], seconds: float) -> dict[str, f
 
 def server_parts(first: CpuSnapshot, last: CpuSnapshot, server: int) -> dict[str, float]:
     """The cores the server's parts (``SERVER_PARTS``, and its render workers) used between the
-    two snapshots, each part's threads summed; empty where the threads are not known."""
+    two snapshots, each part's threads summed; empty where the threads are not known. A thread
+    no part names, and what threads that ended in between used (the server's own CPU time keeps
+    it; their names went with them), count as ``other``."""
     span = last.at - first.at
     threads = thread_cores_between(first, last)
-    if not threads or span <= 0:
+    before, after = first.seconds["server"], last.seconds["server"]
+    if not threads or span <= 0 or server not in before or server not in after:
         return {}
     parts: dict[str, float] = {}
-    before, after = first.seconds["server"], last.seconds["server"]
     workers = sum(after[p] - before[p] for p in after if p in before and p != server)
     parts["render_workers"] = workers / span
     for name, cores in threads.items():
         part = next((part for start, part in SERVER_PARTS if name.startswith(start)), "other")
         parts[part] = parts.get(part, 0.0) + cores
+    ended = (after[server] - before[server]) / span - sum(threads.values())
+    parts["other"] = parts.get("other", 0.0) + max(0.0, ended)
     return {part: round(cores, 3) for part, cores in sorted(parts.items(), key=lambda x: -x[1])}
 
 

@@ -121,14 +121,15 @@ def snapshot(groups: Mapping[str, Sequence[int]], threads_of: int | None = None)
 
 def cores_between(a: CpuSnapshot, b: CpuSnapshot) -> dict[str, float | None]:
     """Cores each group used from ``a`` to ``b`` (``<group>_cores``: CPU seconds over elapsed
-    seconds, counting the processes alive at both), and ``steal_pct``, the share of the
-    machine's CPU time the hypervisor took meanwhile (None where it is not known)."""
+    seconds, counting the processes alive at both; None where none was), and ``steal_pct``, the
+    share of the machine's CPU time the hypervisor took meanwhile (None where it is not known)."""
     span = b.at - a.at
     out: dict[str, float | None] = {}
     for name, after in b.seconds.items():
         before = a.seconds.get(name, {})
-        used = sum(after[p] - before[p] for p in after if p in before)
-        out[f"{name}_cores"] = round(used / span, 3) if span > 0 and before else None
+        both = [p for p in after if p in before]
+        used = sum(after[p] - before[p] for p in both)
+        out[f"{name}_cores"] = round(used / span, 3) if span > 0 and both else None
     out["steal_pct"] = None
     if a.host and b.host and b.host[0] > a.host[0]:
         out["steal_pct"] = round(100 * (b.host[1] - a.host[1]) / (b.host[0] - a.host[0]), 1)
