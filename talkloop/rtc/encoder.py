@@ -5,7 +5,8 @@ a 256x256 talking head that spends CPU the avatar's generation needs on the same
 ``superfast`` on one thread x264 takes a fraction of that CPU for the same picture quality and a
 few more bits (docs/benchmarks.md, "Figures behind code choices"). :func:`use_avatar_encoder`
 makes one sender (our peers' video senders, ``talkloop/rtc/peer.py``) build this encoder for
-H.264, its bitrate held to ``MAX_BITS_PER_PIXEL`` of the picture; everything else (the bitrate
+H.264, its bitrate held to ``MAX_BITS_PER_PIXEL`` of the picture and reopened only for a move
+past ``REOPEN_BAND``; everything else (the bitrate
 below that from the browser's feedback, keyframe requests, packetisation, the VP8 fallback) stays
 aiortc's, and every other sender in the process (another library's, a test's client) keeps
 aiortc's own encoder.
@@ -44,6 +45,13 @@ X264_THREADS = 1
 # tripled, and with them the server's and the receiver's per-packet work (docs/benchmarks.md,
 # "Figures behind code choices"). A lower estimate is followed as before.
 MAX_BITS_PER_PIXEL = 4.5
+# How far the receiver's estimate may move from the bitrate x264 was opened at before it is
+# reopened (a new stream: an IDR picture, several times a P picture's bits and CPU). aiortc
+# reopens at 10 %; a receiver's estimate climbs about 8 % a second and falls 15 % a step, so each
+# call reopened five times in its first 15 s (1.0, 0.8, 0.92, 1.03, 1.16 Mbit/s at 512x512), every
+# call of a server at the same moments. Within 25 % the stream goes on; a congested link's second
+# 15 % step reopens it (docs/benchmarks.md, "Figures behind code choices").
+REOPEN_BAND = 0.25
 ENCODER_SLOT = "_RTCRtpSender__encoder"  # RTCRtpSender's private self.__encoder
 # OpenCV's YCrCb of a float picture: chroma = 0.5 + the BT.601 full-range difference. Limited
 # range (what swscale gives x264) = 128 + 224 / 255 of that difference, rounded once.
@@ -75,7 +83,8 @@ class AvatarH264Encoder(H264Encoder):
     """aiortc's H.264 encoder with its libx264 opened at ``X264_PRESET`` on ``X264_THREADS``
     thread(s), given I420 made by :func:`rgb_to_i420` rather than by swscale inside the encode.
     Same profile, level and tuning as aiortc's own; its bitrate follows the receiver's estimate
-    up to ``MAX_BITS_PER_PIXEL`` of the picture (never below aiortc's minimum)."""
+    up to ``MAX_BITS_PER_PIXEL`` of the picture (never below aiortc's minimum), in moves past
+    ``REOPEN_BAND``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,9 +92,18 @@ class AvatarH264Encoder(H264Encoder):
 
     @property
     def target_bitrate(self) -> int:
-        """The receiver's estimate (aiortc's, within its bounds), at most ``max_bitrate``: what
-        the codec is opened at, and what both our and aiortc's reopening test compare."""
-        return min(H264Encoder.target_bitrate.fget(self), self.max_bitrate)
+        """The receiver's estimate (aiortc's, within its bounds), at most ``max_bitrate``; while
+        that is within ``REOPEN_BAND`` of the open codec's bitrate, the codec's. What the codec
+        is opened at, and what both our and aiortc's reopening test compare."""
+        wanted = min(H264Encoder.target_bitrate.fget(self), self.max_bitrate)
+        codec = self.codec
+        if codec is None or codec.bit_rate > self.max_bitrate:  # a new stream, or a new cap
+            return wanted
+        return (
+            codec.bit_rate
+            if abs(wanted - codec.bit_rate) <= REOPEN_BAND * codec.bit_rate
+            else wanted
+        )
 
     @target_bitrate.setter
     def target_bitrate(self, bitrate: int) -> None:
@@ -100,12 +118,14 @@ class AvatarH264Encoder(H264Encoder):
             frame = i420
         if self.codec is None or self._stale(frame):
             self.buffer_data, self.buffer_pts = b"", None
+            self.codec = None  # the new stream's bitrate is the estimate's, not held to the old
             self.codec = self._open(frame)
         # aiortc's encode now finds a codec that fits the frame and bitrate and keeps it.
         yield from super()._encode_frame(frame, force_keyframe)
 
     def _stale(self, frame: av.VideoFrame) -> bool:
-        """aiortc's test for reopening: another frame size, or the target bitrate moved > 10 %."""
+        """aiortc's test for reopening: another frame size, or the target bitrate moved > 10 %
+        (which it only does past ``REOPEN_BAND``)."""
         codec = self.codec
         assert codec is not None
         return (
