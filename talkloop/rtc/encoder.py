@@ -46,7 +46,8 @@ X264_THREADS = 1
 # "Figures behind code choices"). A lower estimate is followed as before.
 MAX_BITS_PER_PIXEL = 4.5
 # How far the receiver's estimate may move from the bitrate x264 was opened at before it is
-# reopened (a new stream: an IDR picture, several times a P picture's bits and CPU). aiortc
+# reopened (a new stream: an IDR picture of 20-30 P pictures' bits, and a rate control that starts
+# afresh, its first frames visibly blurred: 6 dB down at 512x512). aiortc
 # reopens at 10 %; a receiver's estimate climbs about 8 % a second and falls 15 % a step, so each
 # call reopened five times in its first 15 s (1.0, 0.8, 0.92, 1.03, 1.16 Mbit/s at 512x512), every
 # call of a server at the same moments. Within 25 % the stream goes on; a congested link's second
