@@ -89,6 +89,12 @@ def test_slots_auto_takes_the_figure_measured_for_its_family_and_size(
 
 
 @pytest.mark.unit
+def test_a_worker_size_without_slots_auto_is_refused(capsys) -> None:
+    assert main(["worker", "--head", "--slots", "2", "--size", "384"]) == 2
+    assert "--size picks the measured figure --slots auto takes" in capsys.readouterr().err
+
+
+@pytest.mark.unit
 def test_a_client_that_dies_before_it_is_ready_stops_the_level_and_the_others() -> None:
     waiting = (
         "print('ready', flush=True); import sys; sys.stdin.readline(); import time; time.sleep(60)"

@@ -197,6 +197,11 @@ def ray_command(*args: str) -> list[str]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
 
+    if args.size is not None and args.slots != "auto":
+        raise ConfigError(
+            "--size picks the measured figure --slots auto takes; with --slots N it would do "
+            "nothing (the front's `talkloop serve --size` sets the calls' size)"
+        )
     if args.slots == "auto":
         args.slots = auto_slots(args)
         print(
