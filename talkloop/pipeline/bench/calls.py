@@ -2,15 +2,15 @@
 
 For n = 1, 2, ... up to N: ``talkloop serve --max-sessions n`` on the bundled default avatar of
 the family, with the video and model flags the bench was given (``serve_flags``: the frame size,
-the steps, ...), and n scripted calls at once (``talkloop.rtc.client``), each client in its own process
-as a browser would be, but on the same cores as the server (a real node does not spend the
-clients' decoding: the figure is a floor). The n calls start at one moment, once every client has
-loaded. A level passes when every call has at most 1 % of its frame slots late or missed and no
-chunk was skipped; the first level that fails ends the measurement. The largest level that passed
-is this machine's capacity: printed with the CPU, written to ``OUT/calls.json`` and cached for
-``talkloop worker --slots auto``
-(``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
-servers' flags: the family, the frame size and any other flag given). Each level also reports what its calls cost, measured over the middle of the calls: the
+the steps, ...), and n scripted calls at once (``talkloop.rtc.client``), each client in its own
+process as a browser would be, but on the same cores as the server (a real node does not spend
+the clients' decoding: the figure is a floor). The n calls start at one moment, once every client
+has loaded. A level passes when every call has at most 1 % of its frame slots late or missed and
+no chunk was skipped; the first level that fails ends the measurement. The largest level that
+passed is this machine's capacity: printed with the CPU, written to ``OUT/calls.json`` and cached
+for ``talkloop worker --slots auto`` (``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by
+the CPU model and flags and the servers' flags: the family, the frame size and any other flag
+given). Each level also reports what its calls cost, measured over the middle of the calls: the
 cores its server (with its render workers) and its clients used, per call, the share of the
 CPU time the host took meanwhile (``talkloop/pipeline/bench/cpu.py``), and how the server's cores
 split between the parts of a call (``SERVER_PARTS``, by the names the server gives its threads).
