@@ -84,7 +84,8 @@ def test_slots_auto_takes_the_figure_measured_for_its_family_and_size(
     capacity_file(serve_flags(small)).write_text(json.dumps({"calls": 3}))
     with pytest.raises(ConfigError):  # measured at 384x384: not the figure of the default size
         auto_slots(worker)
-    assert auto_slots(_parse("worker", "--head", "--slots", "auto", "--size", "384x384")) == 3
+    slots, flags = auto_slots(_parse("worker", "--head", "--slots", "auto", "--size", "384x384"))
+    assert slots == 3 and flags == serve_flags(small)
     assert measured_capacity(serve_flags(_parse("bench", "--family", "studio"))) is None
 
 

@@ -164,9 +164,9 @@ def cmd_render_batch(args: argparse.Namespace) -> int:
 # -- worker ---------------------------------------------------------------------------------------
 
 
-def auto_slots(args: argparse.Namespace) -> int:
+def auto_slots(args: argparse.Namespace) -> tuple[int, list[str]]:
     """``--slots auto``: the calls per node ``talkloop bench --calls`` measured on this CPU for
-    the worker's ``--family`` at its ``--size``."""
+    the worker's ``--family`` at its ``--size``, and the serve flags it was measured with."""
     flags = serve_flags(args)
     measured = measured_capacity(flags)
     if not measured:
@@ -175,7 +175,7 @@ def auto_slots(args: argparse.Namespace) -> int:
             f"{' '.join(flags)}` (or it carried none); measure it with `talkloop bench --calls 6 "
             f"{' '.join(flags)}` (docs/scaling.md), or give --slots N"
         )
-    return measured
+    return measured, flags
 
 
 def parse_slots(text: str) -> int | str:
@@ -203,10 +203,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             "nothing (the front's `talkloop serve --size` sets the calls' size)"
         )
     if args.slots == "auto":
-        args.slots = auto_slots(args)
+        args.slots, flags = auto_slots(args)
         print(
-            f"talkloop worker: {args.slots} slots (calls per node measured here, "
-            f"{' '.join(serve_flags(args))})"
+            f"talkloop worker: {args.slots} slots (calls per node measured here, {' '.join(flags)})"
         )
     if args.slots < 0:
         raise ConfigError(f"--slots must be 0 or more, got {args.slots}")
