@@ -14,6 +14,7 @@ from talkloop.pipeline.args import config_from_args, serve_flags
 from talkloop.pipeline.bench.calls import (
     capacity_file,
     measured_capacity,
+    one_call,
     passes,
     start_together,
 )
@@ -38,6 +39,26 @@ def _call(late_pct: float = 0.0, skipped: int = 0, errors: tuple = ()) -> dict:
 )
 def test_a_level_passes_only_when_every_call_kept_up(calls, ok) -> None:
     assert passes({"per_call": calls}) is ok
+
+
+@pytest.mark.unit
+def test_a_call_reports_how_evenly_its_media_reached_the_client() -> None:
+    # Audio every 20 ms but for one stall of 100 ms and one of 70: two gaps past 60 ms; video
+    # every 40 ms but one 120 ms wait. The server's own counts say nothing of either.
+    audio = [0.02 * i for i in range(50)] + [1.08 + 0.02 * i for i in range(20)]
+    audio += [audio[-1] + 0.07 + 0.02 * i for i in range(10)]
+    video = [0.04 * i for i in range(25)] + [1.08 + 0.04 * i for i in range(10)]
+    stats = {"frames_sent": 35, "late_frames": 0, "overrun_frames": 0, "skipped_frames": 0}
+    record = {"stats": [stats], "video_times": video, "audio_times": audio}
+    call = one_call({**record, "session": {"video": None}, "errors": []})
+    assert call["audio_gaps"] == 2
+    assert call["longest_audio_gap_ms"] == pytest.approx(100.0)
+    assert call["longest_video_gap_ms"] == pytest.approx(120.0)
+    assert call["late_pct"] == 0.0  # what the server counted: nothing late
+    lone = one_call(
+        {**record, "video_times": [0.0], "audio_times": [], "session": {}, "errors": []}
+    )
+    assert lone["audio_gaps"] == 0 and lone["longest_video_gap_ms"] is None
 
 
 def _parse(*argv: str):
@@ -90,9 +111,10 @@ def test_slots_auto_takes_the_figure_measured_for_its_family_and_size(
 
 
 @pytest.mark.unit
-def test_a_worker_size_without_slots_auto_is_refused(capsys) -> None:
-    assert main(["worker", "--head", "--slots", "2", "--size", "384"]) == 2
-    assert "--size picks the measured figure --slots auto takes" in capsys.readouterr().err
+@pytest.mark.parametrize("flag", [("--size", "384"), ("--family", "studio")])
+def test_a_worker_size_or_family_without_slots_auto_is_refused(capsys, flag) -> None:
+    assert main(["worker", "--head", "--slots", "2", *flag]) == 2
+    assert f"{flag[0]} picks the measured figure --slots auto takes" in capsys.readouterr().err
 
 
 @pytest.mark.unit
@@ -137,6 +159,8 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     (call,) = level["per_call"]
     assert call["frames_sent"] >= 200 and not call["errors"]  # a real call ran its 12 s
     assert call["video"] == {"width": 384, "height": 384, "fps": 25}  # at the size asked for
+    assert 20 <= call["longest_audio_gap_ms"] < 2000  # 20 ms packets reached the client
+    assert 40 <= call["longest_video_gap_ms"] < 2000 and call["audio_gaps"] >= 0
     cost = level["cost"]  # what the call cost: the server with its render workers, the client
     assert cost["server_cores"] > 0 and cost["client_cores"] > 0
     assert cost["cores_per_call"] == pytest.approx(cost["server_cores"] + cost["client_cores"])
@@ -151,3 +175,4 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     printed = capsys.readouterr().out
     assert "calls per node:" in printed and "cores a call (server and render workers" in printed
     assert "the server's cores by part: " in printed and "render workers" in printed
+    assert "at the clients at most" in printed and "audio gaps over 60 ms a call" in printed

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from talkloop.pipeline.args import serve_flags
+from talkloop.pipeline.bench.calls import AUDIO_GAP_S
 from talkloop.pipeline.bench.memory import MIN_STEADY_S
 from talkloop.pipeline.core.config import TalkloopConfig, build_config, cpu_info, native_bf16
 from talkloop.pipeline.core.errors import ConfigError, TalkloopError
@@ -205,11 +206,16 @@ def cmd_bench_calls(args: argparse.Namespace, config: TalkloopConfig) -> int:
     )
     r = run_worker(spec, module="talkloop.pipeline.bench.calls", netns=netns)
     for level in r["levels"]:
-        worst = max(c["late_pct"] for c in level["per_call"])
-        skipped = sum(c["skipped_frames"] for c in level["per_call"])
+        calls = level["per_call"]
+        worst = max(c["late_pct"] for c in calls)
+        skipped = sum(c["skipped_frames"] for c in calls)
+        gaps = max(c["audio_gaps"] for c in calls)
+        longest = max((c["longest_audio_gap_ms"] or 0.0) for c in calls)
         print(
             f"  {level['calls']} call(s): worst {worst} % late or missed, {skipped} frames "
-            f"skipped: {'pass' if level['passed'] else 'FAIL'}{cost_line(level['cost'])}"
+            f"skipped: {'pass' if level['passed'] else 'FAIL'}; at the clients at most {gaps} "
+            f"audio gaps over {AUDIO_GAP_S * 1000:g} ms a call (the longest {longest:g} ms)"
+            f"{cost_line(level['cost'])}"
         )
     print(
         f"calls per node: {r['calls']} ({r['cpu']}, {r['cores']} cores); "

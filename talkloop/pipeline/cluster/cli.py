@@ -84,8 +84,9 @@ def add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     w.add_argument(
         "--family",
         choices=family_names(),
-        default=DEFAULT_FAMILY,
-        help="the family whose measured capacity --slots auto takes",
+        default=None,
+        help=f"with --slots auto: the family whose measured capacity it takes (default "
+        f"{DEFAULT_FAMILY})",
     )
     w.add_argument(
         "--size",
@@ -167,7 +168,9 @@ def cmd_render_batch(args: argparse.Namespace) -> int:
 def auto_slots(args: argparse.Namespace) -> tuple[int, list[str]]:
     """``--slots auto``: the calls per node ``talkloop bench --calls`` measured on this CPU for
     the worker's ``--family`` at its ``--size``, and the serve flags it was measured with."""
-    flags = serve_flags(args)
+    flags = serve_flags(
+        argparse.Namespace(**{**vars(args), "family": args.family or DEFAULT_FAMILY})
+    )
     measured = measured_capacity(flags)
     if not measured:
         raise ConfigError(
@@ -197,10 +200,11 @@ def ray_command(*args: str) -> list[str]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
 
-    if args.size is not None and args.slots != "auto":
+    given = [flag for flag in ("family", "size") if getattr(args, flag) is not None]
+    if given and args.slots != "auto":
         raise ConfigError(
-            "--size picks the measured figure --slots auto takes; with --slots N it would do "
-            "nothing (the front's `talkloop serve --size` sets the calls' size)"
+            f"--{given[0]} picks the measured figure --slots auto takes; with --slots N it would "
+            "do nothing (the front's `talkloop serve` flags set the calls' family and size)"
         )
     if args.slots == "auto":
         args.slots, flags = auto_slots(args)
