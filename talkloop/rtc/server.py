@@ -30,6 +30,7 @@ where each call runs this server's signaling and agent endpoint (``talkloop/rtc/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ssl
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from talkloop.agent.session import MAX_QUEUED_SAYS
+from talkloop.pipeline.core.heap import release_free_memory
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.outputs.sink import Sink
 from talkloop.rtc.admission import WEB_DIR, Admission
@@ -71,6 +73,14 @@ def prepare_avatar(pipeline: Pipeline, reference: np.ndarray, prompt: str) -> No
     renderer and the render workers' copies, about 0.2 s of a core) instead of all making it
     while their first chunks are due."""
     pipeline.open_session(reference, prompt, []).close()
+
+
+# While calls run, how often the allocator's free pages go back to the system. A stall (a busy
+# host) lets published frames and buffers pile up, and glibc keeps what they used once freed: a
+# call's memory rose in steps of 2-5 MB at such moments. A trim every 30 s costs about 1 ms of
+# CPU and gives most of it back (docs/benchmarks.md, "Figures behind code choices"). A call's
+# close also trims (``talkloop/rtc/slots.py``).
+RELEASE_EVERY_S = 30.0
 
 
 class AvatarServer:
@@ -147,6 +157,7 @@ class AvatarServer:
         )
         self.agents = AgentEndpoint(self.pool, pipeline)
         self.admission = Admission(self.signaling.serve, self.agents.serve, access, web_dir)
+        self._releasing: asyncio.Task | None = None
 
     @property
     def calls(self) -> dict[str, CallSlot]:
@@ -182,9 +193,24 @@ class AvatarServer:
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         """Start listening (https/wss with ``ssl_context``); returns the port (for port 0)."""
-        return await self.admission.listen(host, port, ssl_context)
+        port = await self.admission.listen(host, port, ssl_context)
+        self._releasing = asyncio.get_running_loop().create_task(self._release_memory())
+        return port
+
+    async def _release_memory(self) -> None:
+        """Every ``RELEASE_EVERY_S`` while a call is open, give the allocator's free pages back
+        (on the control pool: the loop never waits for it)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(RELEASE_EVERY_S)
+            if self.pool.calls:
+                await loop.run_in_executor(self.executor, release_free_memory)
 
     async def stop(self) -> None:
+        if self._releasing is not None:
+            self._releasing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._releasing
         await self.pool.close_all()
         await self.admission.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -212,3 +212,32 @@ def test_a_session_that_never_started_closes_its_mirrors(live_pipeline) -> None:
 
     run(with_server(live_pipeline, body))
     assert mirror.events == ["open", "close"]
+
+
+def test_free_memory_goes_back_to_the_system_while_calls_run(live_pipeline, monkeypatch) -> None:
+    from talkloop.rtc import server as server_module
+
+    released: list[int] = []
+    monkeypatch.setattr(server_module, "RELEASE_EVERY_S", 0.05)
+    monkeypatch.setattr(server_module, "release_free_memory", lambda: released.append(1) or True)
+
+    async def body(server, ws_url, port):
+        await asyncio.sleep(0.3)
+        idle = len(released)  # no call yet: nothing to give back
+        ws = await websockets.connect(ws_url)
+        await ws.recv()  # the session hello: the call is open
+        await asyncio.sleep(0.5)
+        during = len(released)
+        await ws.close()
+        for _ in range(100):
+            if not server.calls:
+                break
+            await asyncio.sleep(0.05)
+        after_close = len(released)
+        await asyncio.sleep(0.3)
+        return idle, during, after_close, len(released)
+
+    idle, during, after_close, later = run(with_server(live_pipeline, body))
+    assert idle == 0
+    assert during >= 2  # every RELEASE_EVERY_S while the call was open
+    assert later - after_close <= 1  # and no more once it closed (one may have been under way)
