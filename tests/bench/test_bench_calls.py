@@ -160,7 +160,7 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     assert call["frames_sent"] >= 200 and not call["errors"]  # a real call ran its 12 s
     assert call["video"] == {"width": 384, "height": 384, "fps": 25}  # at the size asked for
     assert 20 <= call["longest_audio_gap_ms"] < 2000  # 20 ms packets reached the client
-    assert 40 <= call["longest_video_gap_ms"] < 2000 and call["audio_gaps"] >= 0
+    assert 40 <= call["longest_video_gap_ms"] < 2000
     cost = level["cost"]  # what the call cost: the server with its render workers, the client
     assert cost["server_cores"] > 0 and cost["client_cores"] > 0
     assert cost["cores_per_call"] == pytest.approx(cost["server_cores"] + cost["client_cores"])

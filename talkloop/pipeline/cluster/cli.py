@@ -168,9 +168,9 @@ def cmd_render_batch(args: argparse.Namespace) -> int:
 def auto_slots(args: argparse.Namespace) -> tuple[int, list[str]]:
     """``--slots auto``: the calls per node ``talkloop bench --calls`` measured on this CPU for
     the worker's ``--family`` at its ``--size``, and the serve flags it was measured with."""
-    flags = serve_flags(
-        argparse.Namespace(**{**vars(args), "family": args.family or DEFAULT_FAMILY})
-    )
+    measured_for = copy.copy(args)
+    measured_for.family = args.family or DEFAULT_FAMILY
+    flags = serve_flags(measured_for)
     measured = measured_capacity(flags)
     if not measured:
         raise ConfigError(
