@@ -11,6 +11,12 @@ TIERS = ("unit", "e2e", "slow", "gpu")
 # Tests never reach a model hub: the text encoder loads from its PyPI package.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The suite keeps its backend choices and exported graphs in a folder of its own, not the user's
+# (~/.cache/talkloop): an `auto` backend timed while the suite loads the cores would otherwise be
+# what `talkloop serve` runs afterwards (docs/benchmarks.md, "Figures behind code choices").
+os.environ.setdefault(
+    "TALKLOOP_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "talkloop-tests")
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

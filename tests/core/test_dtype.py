@@ -32,15 +32,17 @@ def cpu_flags(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture
 def probe_seconds(monkeypatch: pytest.MonkeyPatch):
-    """Probes are timed by what they return, not by a clock: ``time_probe`` reads the value."""
+    """Probes are timed by what they return, not by a clock: ``time_probes`` reads the values."""
     calls: list[str] = []
 
-    def fake_time_probe(probe, runs: int = 5) -> float:
-        name, seconds = probe()
-        calls.append(name)
+    def fake_time_probes(probes, runs: int = 5) -> dict[str, float]:
+        seconds = {}
+        for key, probe in probes.items():
+            name, seconds[key] = probe()
+            calls.append(name)
         return seconds
 
-    monkeypatch.setattr(select, "time_probe", fake_time_probe)
+    monkeypatch.setattr(select, "time_probes", fake_time_probes)
     return calls
 
 
@@ -109,13 +111,16 @@ def test_auto_probes_the_family_session_in_both_dtypes(
     cpu_flags("avx512_bf16")
     rendered: list[str] = []
 
-    def timed(probe, runs: int = 5) -> float:
-        probe()  # a real session: it must run in the candidate's dtype
-        dtype = probe.pipeline.compute_dtype
-        rendered.append(dtype)
-        return {"float32": 2.0, "bfloat16": 1.0}[dtype]
+    def timed(probes, runs: int = 5) -> dict[str, float]:
+        seconds = {}
+        for name, probe in probes.items():
+            probe()  # a real session: it must run in the candidate's dtype
+            dtype = probe.pipeline.compute_dtype
+            rendered.append(dtype)
+            seconds[name] = {"float32": 2.0, "bfloat16": 1.0}[dtype]
+        return seconds
 
-    monkeypatch.setattr(select, "time_probe", timed)
+    monkeypatch.setattr(select, "time_probes", timed)
     size = 64 if family == "studio" else 128  # the portrait family's smallest frame
     config = tiny_config(
         video={"width": size, "height": size}, model={"family": family, "dtype": "auto"}

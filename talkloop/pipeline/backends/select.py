@@ -1,8 +1,12 @@
 """``--backend auto`` and ``--dtype auto``: time the candidates on this machine once, cache the winner.
 
 The timed work is a family's own probe (for example the networks' work for one N chunk of the
-config's schedule), min of several runs, so a busy neighbour on a shared machine costs a slower
-pick at worst, never a wrong result. The choice is cached in ``<cache>/auto-<key>.json`` (backend)
+config's schedule), min of several runs, the candidates taking turns run by run: a burst of load
+on a shared machine then slows every candidate alike instead of whichever was being timed. Timed
+one after the other, a probe made while the test suite ran on the same 2 cores took ONNX Runtime
+39 % longer and torch 12 % (torch won by 0.7 %), and live calls then ran the motion net on torch at
+2.5 times its cost (docs/benchmarks.md, "Figures behind code choices"). A busy neighbour costs a
+slower pick at worst, never a wrong result. The choice is cached in ``<cache>/auto-<key>.json`` (backend)
 or ``<cache>/dtype-<key>.json``, keyed by the CPU model and flags, the library versions and the
 family's ``identity`` (its weights and the probe's shapes), and reused by every later process.
 """
@@ -52,16 +56,25 @@ def schedule_key(config: TalkloopConfig) -> str:
     )
 
 
-def time_probe(probe: Callable[[], object], runs: int = 5) -> float:
-    """Min seconds of ``runs`` calls of ``probe`` after one warm-up call. A probe that returns a
-    number has timed the part that counts itself (a session probe leaves out its set-up)."""
-    probe()
-    best = float("inf")
+def timed(probe: Callable[[], object]) -> float:
+    """Seconds of one call of ``probe``. A probe that returns a number has timed the part that
+    counts itself (a session probe leaves out its set-up)."""
+    t0 = time.perf_counter()
+    own = probe()
+    took = time.perf_counter() - t0
+    return float(own) if isinstance(own, int | float) else took
+
+
+def time_probes(probes: Probes, runs: int = 5) -> dict[str, float]:
+    """Min seconds of ``runs`` calls of each probe, after one warm-up call of each; the probes
+    take turns (one call of each, ``runs`` times), so that load that comes and goes meanwhile
+    falls on all of them alike."""
+    for probe in probes.values():
+        probe()
+    best = dict.fromkeys(probes, float("inf"))
     for _ in range(runs):
-        t0 = time.perf_counter()
-        own = probe()
-        took = time.perf_counter() - t0
-        best = min(best, float(own) if isinstance(own, int | float) else took)
+        for name, probe in probes.items():
+            best[name] = min(best[name], timed(probe))
     return best
 
 
@@ -93,7 +106,7 @@ def fastest(
 
     def measure(tmp) -> None:  # noqa: ANN001
         probes = make_probes(candidates)
-        seconds = {name: time_probe(probe, runs) for name, probe in probes.items()}
+        seconds = time_probes(probes, runs)
         choice = min(seconds, key=seconds.__getitem__)
         log.info("%s auto: %s (probe seconds %s)", what, choice, seconds)
         tmp.write_text(json.dumps({what: choice, "probe_s": seconds}, indent=2) + "\n")
