@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from talkloop.pipeline.args import config_from_args, serve_flags
+from talkloop.pipeline.bench import calls as calls_bench
+from talkloop.pipeline.bench import run as bench_run
 from talkloop.pipeline.bench.calls import (
     capacity_file,
+    measure_calls,
     measured_capacity,
     one_call,
     passes,
@@ -49,8 +52,10 @@ def test_a_call_reports_how_evenly_its_media_reached_the_client() -> None:
     audio += [audio[-1] + 0.07 + 0.02 * i for i in range(10)]
     video = [0.04 * i for i in range(25)] + [1.08 + 0.04 * i for i in range(10)]
     stats = {"frames_sent": 35, "late_frames": 0, "overrun_frames": 0, "skipped_frames": 0}
+    stats["runtime"] = {"backend": "onnxruntime", "dtype": "float32", "int8": []}
     record = {"stats": [stats], "video_times": video, "audio_times": audio}
     call = one_call({**record, "session": {"video": None}, "errors": []})
+    assert call["runtime"] == stats["runtime"]  # what the server computed with
     assert call["audio_gaps"] == 2
     assert call["longest_audio_gap_ms"] == pytest.approx(100.0)
     assert call["longest_video_gap_ms"] == pytest.approx(120.0)
@@ -134,9 +139,49 @@ def test_a_client_that_dies_before_it_is_ready_stops_the_level_and_the_others() 
 
 
 @pytest.mark.unit
+def test_a_level_counts_only_when_every_run_of_it_passed(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    # Level 1 passes its three runs; level 2 fails its second run only (a slow minute of the
+    # VM): all three runs of it still run and are reported, the capacity is 1, level 3 never runs.
+    monkeypatch.setenv("TALKLOOP_CACHE", str(tmp_path / "cache"))
+    ran = []
+
+    def level(n, seconds, serve_args, out, host, run=1):
+        ran.append((n, run))
+        late = 3 if (n, run) == (2, 2) else 0  # 3 of 100 slots late: over the 1 % bound
+        stats = {"frames_sent": 100, "late_frames": late, "overrun_frames": 0}
+        record = {"stats": [stats], "video_times": [0.0, 0.04], "audio_times": [0.0, 0.02]}
+        call = one_call({**record, "session": {}, "errors": []})
+        return {"calls": n, "run": run, "per_call": [call] * n, "cost": {"cores_per_call": None}}
+
+    monkeypatch.setattr(calls_bench, "run_level", level)
+    flags = serve_flags(_parse("bench", "--calls", "4"))
+    result = measure_calls(4, 30, flags, tmp_path / "out", runs=3)
+    assert ran == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
+    assert [lv["passed"] for lv in result["levels"]] == [True] * 4 + [False, True]
+    assert result["calls"] == 1 and result["level_runs"] == 3
+    assert measured_capacity(flags) == 1  # what `talkloop worker --slots auto` takes
+    printed = capsys.readouterr().out
+    assert "2 call(s), run 2 of 3, call 2: 3.0 % late or missed" in printed
+    assert printed.rstrip().endswith("no skipped chunk in each of 3 runs")
+    # `talkloop bench --calls 4 --level-runs 3` prints every run and how often each level passed.
+    monkeypatch.setattr(bench_run, "run_worker", lambda spec, module, netns: result)
+    assert main(["bench", "--calls", "4", "--level-runs", "3", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "  2 call(s), run 2: worst 3.0 % late or missed, 0 frames skipped: FAIL" in printed
+    assert "cores, passed 1 calls 3/3, 2 calls 2/3); wrote" in printed
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("flags", "words"),
-    [(["--calls", "0"], "--calls"), (["--calls", "2", "--seconds", "5"], "--seconds")],
+    [
+        (["--calls", "0"], "--calls"),
+        (["--calls", "2", "--seconds", "5"], "--seconds"),
+        (["--calls", "2", "--level-runs", "0"], "--level-runs"),
+        (["--level-runs", "3"], "--level-runs"),  # runs of what: no --calls
+    ],
 )
 def test_bad_calls_flags_are_refused_before_anything_runs(
     tmp_path: Path, capsys, flags, words
@@ -159,6 +204,7 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     (call,) = level["per_call"]
     assert call["frames_sent"] >= 200 and not call["errors"]  # a real call ran its 12 s
     assert call["video"] == {"width": 384, "height": 384, "fps": 25}  # at the size asked for
+    assert call["runtime"]["backend"] in ("torch", "onnxruntime", "openvino")
     assert 20 <= call["longest_audio_gap_ms"] < 2000  # 20 ms packets reached the client
     assert 40 <= call["longest_video_gap_ms"] < 2000
     cost = level["cost"]  # what the call cost: the server with its render workers, the client
@@ -176,3 +222,4 @@ def test_bench_calls_measures_real_calls_and_caches_the_figure(
     assert "calls per node:" in printed and "cores a call (server and render workers" in printed
     assert "the server's cores by part: " in printed and "render workers" in printed
     assert "at the clients at most" in printed and "audio gaps over 60 ms a call" in printed
+    assert f"computed on {call['runtime']['backend']}, {call['runtime']['dtype']}" in printed

@@ -6,11 +6,12 @@ the steps, ...), and n scripted calls at once (``talkloop.rtc.client``), each cl
 process as a browser would be, but on the same cores as the server (a real node does not spend
 the clients' decoding: the figure is a floor). The n calls start at one moment, once every client
 has loaded. A level passes when every call has at most 1 % of its frame slots late or missed and
-no chunk was skipped; the first level that fails ends the measurement. The largest level that
-passed is this machine's capacity: printed with the CPU, written to ``OUT/calls.json`` and cached
-for ``talkloop worker --slots auto`` (``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by
-the CPU model and flags and the servers' flags: the family, the frame size and any other flag
-given). Each level also reports what its calls cost, measured over the middle of the calls: the
+no chunk was skipped, in every one of its runs (``--level-runs``: a shared VM's speed drifts
+within minutes, and one run of a level says little about the next); the first level that fails
+ends the measurement. The largest level that passed is this machine's capacity: printed with the
+CPU, written to ``OUT/calls.json`` and cached for ``talkloop worker --slots auto``
+(``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
+servers' flags: the family, the frame size and any other flag given). Each level also reports what its calls cost, measured over the middle of the calls: the
 cores its server (with its render workers) and its clients used, per call, the share of the
 CPU time the host took meanwhile (``talkloop/pipeline/bench/cpu.py``), and how the server's cores
 split between the parts of a call (``SERVER_PARTS``, by the names the server gives its threads).
@@ -98,6 +99,8 @@ def one_call(data: dict) -> dict:
         "overrun_frames": overrun,
         "skipped_frames": stats.get("skipped_frames") or 0,
         "rtf": stats.get("rtf"),
+        # what the server computed with: the backend `auto` chose (timed once, cached) and dtype
+        "runtime": stats.get("runtime"),
         # chunks per turn of the server's engine (above 1: calls shared the motion net's forward)
         "chunks_per_turn": (stats.get("engine") or {}).get("chunks_per_turn"),
         "video": data["session"].get("video"),  # the size and rate the server sent the call
@@ -145,23 +148,27 @@ def start_together(clients: list[subprocess.Popen]) -> None:
         c.stdin.close()
 
 
-def run_level(n: int, seconds: float, serve_args: list[str], out: Path, host: str) -> dict:
+def run_level(
+    n: int, seconds: float, serve_args: list[str], out: Path, host: str, run: int = 1
+) -> dict:
     """One level: a server run with ``serve_args`` and ``n`` slots, and ``n`` calls of
-    ``seconds`` at once."""
+    ``seconds`` at once; ``run``: which run of the level it is (its files in ``out`` are named
+    for it from the second on)."""
     port = 8100 + n
     cmd = [sys.executable, "-m", "talkloop", "serve", "--host", host, "--port", str(port)]
     cmd += ["--max-sessions", str(n), *serve_args]
-    with open(out / f"serve-{n}.log", "w") as log:
+    tag = f"{n}" if run == 1 else f"{n}-run{run}"
+    with open(out / f"serve-{tag}.log", "w") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             try:
                 wait_serving(f"http://{host}:{port}", server, timeout=300)
             except RuntimeError as err:
                 log.flush()
-                tail = (out / f"serve-{n}.log").read_text(errors="replace")[-2000:]
+                tail = (out / f"serve-{tag}.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"{err}; its output ended with:\n{tail}") from None
             url = f"ws://{host}:{port}/ws"
-            files = [out / f"call-{n}-{i}.json" for i in range(n)]
+            files = [out / f"call-{tag}-{i}.json" for i in range(n)]
             clients = [
                 subprocess.Popen(
                     [sys.executable, "-m", "talkloop.rtc.client", url, str(seconds), str(f)]
@@ -180,7 +187,7 @@ def run_level(n: int, seconds: float, serve_args: list[str], out: Path, host: st
         finally:
             server.terminate()
             server.wait(timeout=60)
-    return {"calls": n, "per_call": calls, "cost": cost}
+    return {"calls": n, "run": run, "per_call": calls, "cost": cost}
 
 
 def measure_cost(server: int, clients: list[int], seconds: float) -> dict[str, float | None]:
@@ -220,33 +227,47 @@ def server_parts(first: CpuSnapshot, last: CpuSnapshot, server: int) -> dict[str
     return {part: round(cores, 3) for part, cores in sorted(parts.items(), key=lambda x: -x[1])}
 
 
+def print_level(level: dict, runs: int) -> None:
+    """A line per call of ``level`` (run ``level["run"]`` of ``runs``)."""
+    n = level["calls"]
+    name = f"{n} call(s)" if runs == 1 else f"{n} call(s), run {level['run']} of {runs}"
+    for i, c in enumerate(level["per_call"]):
+        print(
+            f"{name}, call {i + 1}: {c['late_pct']} % late or missed "
+            f"({c['late_frames']} late, {c['overrun_frames']} overrun of "
+            f"{c['frames_sent'] + c['overrun_frames']} slots), skipped {c['skipped_frames']}, "
+            f"arrival {c['arrival_fps']} fps, audio gaps over {AUDIO_GAP_S * 1000:g} ms "
+            f"{c['audio_gaps']} (longest {c['longest_audio_gap_ms']} ms, video's "
+            f"{c['longest_video_gap_ms']}), rtf {c['rtf']}, "
+            f"chunks per turn {c['chunks_per_turn']}, errors {len(c['errors'])}",
+            flush=True,
+        )
+
+
 def measure_calls(
-    max_calls: int, seconds: float, serve_args: list[str], out: Path, host: str = "127.0.0.2"
+    max_calls: int,
+    seconds: float,
+    serve_args: list[str],
+    out: Path,
+    host: str = "127.0.0.2",
+    runs: int = 1,
 ) -> dict:
     """Levels 1..``max_calls`` of servers run with ``serve_args`` (``serve_flags``: the family
-    first) until one fails; the result, also written and cached."""
+    first), each ``runs`` times, until a level fails one of its runs; the result, also written
+    and cached."""
     family = serve_args[serve_args.index("--family") + 1]
     out.mkdir(parents=True, exist_ok=True)
     cpu = cpu_info().get("model name", "unknown CPU")
-    levels = []
+    levels, capacity = [], 0
     for n in range(1, max_calls + 1):
-        level = run_level(n, seconds, serve_args, out, host)
-        level["passed"] = passes(level)
-        levels.append(level)
-        for i, c in enumerate(level["per_call"]):
-            print(
-                f"{n} call(s), call {i + 1}: {c['late_pct']} % late or missed "
-                f"({c['late_frames']} late, {c['overrun_frames']} overrun of "
-                f"{c['frames_sent'] + c['overrun_frames']} slots), skipped {c['skipped_frames']}, "
-                f"arrival {c['arrival_fps']} fps, audio gaps over {AUDIO_GAP_S * 1000:g} ms "
-                f"{c['audio_gaps']} (longest {c['longest_audio_gap_ms']} ms, video's "
-                f"{c['longest_video_gap_ms']}), rtf {c['rtf']}, "
-                f"chunks per turn {c['chunks_per_turn']}, errors {len(c['errors'])}",
-                flush=True,
-            )
-        if not level["passed"]:
+        level_runs = [run_level(n, seconds, serve_args, out, host, k) for k in range(1, runs + 1)]
+        for level in level_runs:
+            level["passed"] = passes(level)
+            levels.append(level)
+            print_level(level, runs)
+        if not all(level["passed"] for level in level_runs):
             break
-    capacity = max((lv["calls"] for lv in levels if lv["passed"]), default=0)
+        capacity = n
     result = {
         "calls": capacity,
         "family": family,
@@ -254,6 +275,7 @@ def measure_calls(
         "cpu": cpu,
         "cores": len(os.sched_getaffinity(0)),
         "seconds": seconds,
+        "level_runs": runs,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "levels": levels,
     }
@@ -266,6 +288,7 @@ def measure_calls(
         f"calls per node ({' '.join(serve_args)}, {cpu}, {result['cores']} cores, clients on the "
         "same cores): "
         f"{capacity} with every call <= {LATE_PCT_MAX:g} % late or missed and no skipped chunk"
+        + (f" in each of {runs} runs" if runs > 1 else "")
     )
     return result
 
@@ -274,7 +297,12 @@ def main(argv: list[str]) -> int:
     """``python -m talkloop.pipeline.bench.calls SPEC RESULT`` (how ``talkloop bench`` runs it)."""
     spec = json.loads(Path(argv[0]).read_text())
     result = measure_calls(
-        spec["max_calls"], spec["seconds"], spec["serve_args"], Path(spec["out"]), spec["host"]
+        spec["max_calls"],
+        spec["seconds"],
+        spec["serve_args"],
+        Path(spec["out"]),
+        spec["host"],
+        spec["level_runs"],
     )
     Path(argv[1]).write_text(json.dumps(result))
     return 0

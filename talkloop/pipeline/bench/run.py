@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from talkloop.pipeline.args import serve_flags
@@ -64,6 +65,14 @@ def add_live_args(p: argparse.ArgumentParser) -> None:
         help="measure how many live calls at once this machine carries, 1 to N calls of "
         "--seconds each (clients on the same cores); the figure is cached for "
         "`talkloop worker --slots auto`",
+    )
+    p.add_argument(
+        "--level-runs",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --calls: run each level K times; a level passes only when every run of it "
+        "passes (a shared VM's speed drifts: one run of a level says little about the next)",
     )
     p.add_argument("--playout-delay-ms", type=int, default=None, help="live playout delay")
     p.add_argument(
@@ -128,6 +137,8 @@ def cmd_bench(args: argparse.Namespace, config: TalkloopConfig) -> int:
     warn_unless_native_size(config)  # here too: the runs' own logs are only shown if they fail
     if args.cycles < 0 or (args.cycles and not args.live):
         raise ConfigError(f"--cycles takes a count of calls with --live, got {args.cycles}")
+    if args.level_runs != 1 and (args.calls is None or args.level_runs < 1):
+        raise ConfigError(f"--level-runs takes a count of runs with --calls, got {args.level_runs}")
     if args.calls is not None:
         return cmd_bench_calls(args, config)
     if args.live:
@@ -194,12 +205,14 @@ def cmd_bench_calls(args: argparse.Namespace, config: TalkloopConfig) -> int:
     spec = {
         "max_calls": args.calls,
         "seconds": args.seconds,
+        "level_runs": args.level_runs,
         "serve_args": serve_flags(args),  # the servers get the video and model flags given
         "out": str(args.out.resolve()),
         "host": "127.0.0.2" if netns else "127.0.0.1",
     }
+    runs = f", each level {args.level_runs} times" if args.level_runs > 1 else ""
     print(
-        f"talkloop bench --calls {args.calls}: {args.seconds:g} s calls of `talkloop serve "
+        f"talkloop bench --calls {args.calls}{runs}: {args.seconds:g} s calls of `talkloop serve "
         f"{' '.join(spec['serve_args'])}`, clients on the same cores, in "
         f"{'a private network namespace' if netns else 'this host' + chr(39) + 's network'}",
         flush=True,
@@ -211,14 +224,22 @@ def cmd_bench_calls(args: argparse.Namespace, config: TalkloopConfig) -> int:
         skipped = sum(c["skipped_frames"] for c in calls)
         gaps = max(c["audio_gaps"] for c in calls)
         longest = max((c["longest_audio_gap_ms"] or 0.0) for c in calls)
+        run = f", run {level['run']}" if args.level_runs > 1 else ""
+        runtime = calls[0]["runtime"] or {}
         print(
-            f"  {level['calls']} call(s): worst {worst} % late or missed, {skipped} frames "
+            f"  {level['calls']} call(s){run}: worst {worst} % late or missed, {skipped} frames "
             f"skipped: {'pass' if level['passed'] else 'FAIL'}; at the clients at most {gaps} "
-            f"audio gaps over {AUDIO_GAP_S * 1000:g} ms a call (the longest {longest:g} ms)"
+            f"audio gaps over {AUDIO_GAP_S * 1000:g} ms a call (the longest {longest:g} ms); "
+            f"computed on {runtime.get('backend', '?')}, {runtime.get('dtype', '?')}"
             f"{cost_line(level['cost'])}"
         )
+    passed = ""
+    if args.level_runs > 1:  # how often each level passed: where the figure is near its edge
+        counts = Counter(lv["calls"] for lv in r["levels"] if lv["passed"])
+        ran = sorted({lv["calls"] for lv in r["levels"]})
+        passed = ", passed " + ", ".join(f"{n} calls {counts[n]}/{args.level_runs}" for n in ran)
     print(
-        f"calls per node: {r['calls']} ({r['cpu']}, {r['cores']} cores); "
+        f"calls per node: {r['calls']} ({r['cpu']}, {r['cores']} cores{passed}); "
         f"wrote {args.out / 'calls.json'}"
     )
     return 0
