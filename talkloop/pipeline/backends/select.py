@@ -6,9 +6,10 @@ on a shared machine then slows every candidate alike instead of whichever was be
 one after the other, a probe made while the test suite ran on the same 2 cores took ONNX Runtime
 39 % longer and torch 12 % (torch won by 0.7 %), and live calls then ran the motion net on torch at
 2.5 times its cost (docs/benchmarks.md, "Figures behind code choices"). A busy neighbour costs a
-slower pick at worst, never a wrong result. The choice is cached in ``<cache>/auto-<key>.json`` (backend)
-or ``<cache>/dtype-<key>.json``, keyed by the CPU model and flags, the library versions and the
-family's ``identity`` (its weights and the probe's shapes), and reused by every later process.
+slower pick at worst, never a wrong result. The choice is cached in ``<cache>/auto-<key>.json``
+(backend) or ``<cache>/dtype-<key>.json``, keyed by the CPU model and flags, the library versions
+and the family's ``identity`` (its weights and the probe's shapes), and reused by every later
+process.
 """
 
 from __future__ import annotations

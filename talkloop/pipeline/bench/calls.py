@@ -11,10 +11,11 @@ within minutes, and one run of a level says little about the next); the first le
 ends the measurement. The largest level that passed is this machine's capacity: printed with the
 CPU, written to ``OUT/calls.json`` and cached for ``talkloop worker --slots auto``
 (``~/.cache/talkloop/backends/capacity-<key>.json``, keyed by the CPU model and flags and the
-servers' flags: the family, the frame size and any other flag given). Each level also reports what its calls cost, measured over the middle of the calls: the
-cores its server (with its render workers) and its clients used, per call, the share of the
-CPU time the host took meanwhile (``talkloop/pipeline/bench/cpu.py``), and how the server's cores
-split between the parts of a call (``SERVER_PARTS``, by the names the server gives its threads).
+servers' flags: the family, the frame size and any other flag given). Each level also reports
+what its calls cost, measured over the middle of the calls: the cores its server (with its render
+workers) and its clients used, per call, the share of the CPU time the host took meanwhile
+(``talkloop/pipeline/bench/cpu.py``), and how the server's cores split between the parts of a
+call (``SERVER_PARTS``, by the names the server gives its threads).
 
 The calls stay on loopback. ICE skips 127.0.0.1, so as root the bench runs them in a private
 network namespace on 127.0.0.2 (``talkloop bench`` starts it, as ``--live`` does).
