@@ -68,11 +68,19 @@ __all__ = [
 
 
 def prepare_avatar(pipeline: Pipeline, reference: np.ndarray, prompt: str) -> None:
-    """Open and close one session on the server's avatar, so that its first calls start from
-    what the family prepared for it at a session's start (for a photo: its face models,
-    renderer and the render workers' copies, about 0.2 s of a core) instead of all making it
-    while their first chunks are due."""
-    pipeline.open_session(reference, prompt, []).close()
+    """Make one chunk of silence in a session on the server's avatar, so that its first calls
+    start from what the family prepared for it at a session's start (for a photo: its face
+    models, renderer and the render workers' copies, about 0.2 s of a core) and from networks
+    that have run once, instead of paying for both while their first chunks are due. A
+    process's first chunk costs several times a later one (the audio features 17 against 2 ms
+    alone, 14-75 in a server's first call, whose first frames it made late in a quarter of the
+    runs: docs/benchmarks.md, the Zen 3 entry of 2026-12-07 02:45)."""
+    session = pipeline.open_session(reference, prompt, [])
+    try:
+        session.push_audio(np.zeros(pipeline.info.sample_rate, np.float32))  # one second
+        session.step()
+    finally:
+        session.close()
 
 
 # While calls run, how often the allocator's free pages go back to the system. A stall (a busy

@@ -248,9 +248,17 @@ def test_sessions_of_one_photo_share_its_prepared_renderer(modules, reference, s
 def test_a_server_prepares_its_avatar_before_its_first_call(modules, reference, monkeypatch):
     """``talkloop serve`` prepares its own avatar at start (``prepare_avatar``): its first
     calls open without running the face models (a fifth of a second each, while calls that
-    opened with it have chunks due)."""
+    opened with it have chunks due), and the process has made a chunk already (its first
+    costs several times a later one)."""
     pipeline = pipeline_of(modules, 0)
-    prepare_avatar(pipeline, reference.copy(), "")
+    ran: list[tuple[str, str]] = []
+    pipeline.stage_hooks.append(lambda phase, stage: ran.append((phase, stage.name)))
+    try:
+        prepare_avatar(pipeline, reference.copy(), "")
+    finally:
+        pipeline.stage_hooks.pop()
+    assert ("n_chunk", "audio_features") in ran and ("n_chunk", "a2v") in ran
+    assert ("publish", "render") in ran
     calls = []
     monkeypatch.setattr(stages, "detect_faces", lambda image: calls.append(image) or [])
     session = pipeline.open_session(reference.copy())
