@@ -74,7 +74,7 @@ def prepare_avatar(pipeline: Pipeline, reference: np.ndarray, prompt: str) -> No
     that have run once, instead of paying for both while their first chunks are due. A
     process's first chunk costs several times a later one (the audio features 17 against 2 ms
     alone, 14-75 in a server's first call, whose first frames it made late in a quarter of the
-    runs: docs/benchmarks.md, the Zen 3 entry of 2026-12-07 02:45)."""
+    runs: docs/benchmarks.md, the Zen 3 entry of 2026-12-07 02:45-03:51)."""
     session = pipeline.open_session(reference, prompt, [])
     try:
         session.push_audio(np.zeros(pipeline.info.sample_rate, np.float32))  # one second
