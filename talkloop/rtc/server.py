@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from talkloop.agent.session import MAX_QUEUED_SAYS
+from talkloop.pipeline.core.clock import frame_start_sample
 from talkloop.pipeline.core.heap import release_free_memory
 from talkloop.pipeline.core.pipeline import Pipeline
 from talkloop.pipeline.outputs.sink import Sink
@@ -72,13 +73,19 @@ def prepare_avatar(pipeline: Pipeline, reference: np.ndarray, prompt: str) -> No
     start from what the family prepared for it at a session's start (for a photo: its face
     models, renderer and the render workers' copies, about 0.2 s of a core) and from networks
     that have run once, instead of paying for both while their first chunks are due. A
-    process's first chunk costs several times a later one (the audio features 17 against 2 ms
+    process's first chunk costs several times a later one (its audio features 17 against 2 ms
     alone, 14-75 in a server's first call, whose first frames it made late in a quarter of the
-    runs: docs/benchmarks.md, the Zen 3 entry of 2026-12-07 02:45-03:51)."""
+    runs: docs/benchmarks.md, the Zen 3 entry of 2026-12-07 02:45-04:37). The silence is the
+    first chunk's audio and look-ahead, then its end: the step makes that chunk whatever the
+    schedule."""
+    info = pipeline.info
+    first = frame_start_sample(pipeline.config.schedule.first_len, info.fps, info.sample_rate)
     session = pipeline.open_session(reference, prompt, [])
     try:
-        session.push_audio(np.zeros(pipeline.info.sample_rate, np.float32))  # one second
-        session.step()
+        session.push_audio(np.zeros(first + pipeline.lookahead_samples, np.float32))
+        session.end_audio()
+        if session.step() == 0:
+            raise RuntimeError("prepare_avatar: the first chunk of silence made no frame")
     finally:
         session.close()
 
