@@ -503,11 +503,12 @@ def serving(
 
 
 async def settle(avatar, timeout: float = 20.0) -> None:
-    """Let the loop run, then wait until generation has done every chunk it has audio for."""
+    """Let the loop run, then wait until generation has made and published every chunk it has
+    audio for (a chunk is made, then its frames published: ``ready`` speaks of the making)."""
     for _ in range(5):
         await asyncio.sleep(0)
     deadline = time.monotonic() + timeout
-    while avatar.session.ready():
+    while avatar.session.ready() or avatar.session.running_seconds is not None:
         if time.monotonic() > deadline:
             raise AssertionError("generation did not catch up")
         await asyncio.sleep(0.002)

@@ -3,6 +3,8 @@ frame."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -66,7 +68,7 @@ def simulate(
     of clock time; ``log`` gets (start, end, [(session, deadline of its chunk)]) per turn."""
     order: list[str] = []
 
-    def step(batch, pool):
+    def step(batch, pool, computed=None):
         start = now[0]
         now[0] += batch_s + cost_s * len(batch)
         if log is not None:
@@ -171,6 +173,45 @@ def test_a_lone_call_never_waits() -> None:
     np.testing.assert_allclose(starts, ready)
 
 
+def test_a_calls_next_chunk_is_made_while_its_last_ones_frames_are_published() -> None:
+    """Once a turn has made a call's chunk (``computed``), another worker may run the call's next
+    turn while the first still publishes; ``remove`` returns only once both are over."""
+    now = [1.0]  # the audio of chunks 1 to 6 is here
+    call = Timed("c", now, object())
+    call.next = 1
+    release, made = threading.Event(), []
+
+    def step(batch, pool, computed=None):
+        for s in batch:
+            made.append(s.next)
+            s.next += 1
+            computed(s)
+        if len(made) == 1:
+            assert release.wait(30)  # the first chunk's frames are still being published
+        return [3] * len(batch)
+
+    engine = Engine(step=step)
+    stream = Stream(call, call.deadline, lambda: 10.0, lambda err: pytest.fail(str(err)))
+    stream.now = lambda: now[0]
+    engine._streams.append(stream)
+    first = threading.Thread(target=engine.turn)
+    first.start()
+    for _ in range(3000):
+        if made:
+            break
+        threading.Event().wait(0.01)
+    assert engine.turn() is None  # the next turn: the next chunk, while the first publishes
+    assert made == [1, 2] and stream.steps == 1 and not stream.running
+    removing = threading.Thread(target=engine.remove, args=(stream,))
+    removing.start()
+    removing.join(0.2)
+    assert removing.is_alive()  # the first turn's frames are not all out
+    release.set()
+    first.join(30)
+    removing.join(30)
+    assert not removing.is_alive() and stream.steps == 0 and engine.streams == 0
+
+
 def test_a_batch_of_sessions_makes_the_frames_each_makes_alone(tiny_modules, speech) -> None:
     config = tiny_config(schedule={"first_len": 2, "n_len": 3, "i_len": 0, "ctx_len": 2})
     pipeline = build_pipeline(config, tiny_modules)
@@ -206,6 +247,19 @@ def test_a_batch_of_sessions_makes_the_frames_each_makes_alone(tiny_modules, spe
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_pipeline_whose_publish_keeps_state_is_not_let_go_before_it(tiny_modules, speech) -> None:
+    """A family whose publish keeps state for the next chunk (the tiny config's decoder cache)
+    publishes each chunk before its next may begin: ``computed`` is never called."""
+    pipeline = build_pipeline(tiny_config(), tiny_modules)
+    assert pipeline.publish_keeps_state
+    session = pipeline.open_session(make_reference(), "", [CollectSink()])
+    session.push_audio(speech[: frame_start_sample(8, 25, pipeline.config.audio.sample_rate)])
+    released = []
+    (published,) = step_sessions([session], computed=released.append)
+    assert published > 0 and released == []
+    session.close()
+
+
 def test_a_session_whose_chunk_fails_in_a_batch_fails_alone(tiny_modules, speech) -> None:
     """The batch fails for one session's input: each runs alone from its state before the batch,
     the good one publishes what it would have published anyway."""
@@ -235,7 +289,7 @@ def test_a_session_whose_chunk_fails_in_a_batch_fails_alone(tiny_modules, speech
 
 def test_later_sessions_anchor_on_the_grid_of_the_first() -> None:
     now = [2.0]
-    engine = Engine(step=lambda batch, pool: [0] * len(batch))
+    engine = Engine(step=lambda batch, pool, computed=None: [0] * len(batch))
 
     def clock() -> float:
         return now[0]

@@ -39,6 +39,16 @@ and gathering still joins it where it can.
 It runs these turns on one worker thread per core, each taking sessions no other worker is
 running: sessions whose chunks come due together share one batch, the others run side by side.
 
+**Overlap.** A turn lets go of each session as soon as its chunk is made (the batch's motion, its
+I chunk, the motion context rolled on: ``step_sessions``' ``computed``), while that chunk's
+frames are still being rendered and published; another worker may then make the session's next
+chunk, whose frames go out after these. With three calls on two cores the batch's making (about
+a quarter of the 80 ms chunk) and its six renders no longer add up on one worker: alternated
+three-call levels lost fewer frames in every pair (docs/benchmarks.md, the Zen 3 entry of
+2026-12-07 09:22-10:40). ``remove`` waits for both. A family whose publish keeps state for the
+next chunk (``Pipeline.publish_keeps_state``: a video decoder's cache) publishes a chunk before its
+next begins.
+
 So the event loop of a server carries no generation work. While the machine keeps up, nothing is
 skipped and the order is earliest deadline first. Under overload (more calls than it can generate
 in real time) deadlines alone would starve some calls: a session that skipped a chunk jumps ahead
@@ -58,7 +68,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from talkloop.pipeline.core.session import Session, step_sessions
@@ -86,7 +96,8 @@ class Stream:
     max_lag_s: Callable[[], float]
     on_error: Callable[[BaseException], None]
     now: Callable[[], float] = time.monotonic  # the clock of ``deadline``
-    running: bool = False
+    running: bool = False  # a chunk of it is being made (its frames may still be rendering)
+    steps: int = 0  # turns with a chunk of it not yet over (made, or its frames being published)
     ended: bool = False
     deficit: int = 0  # chunks it gave up while in the engine (fairness under overload)
 
@@ -110,7 +121,7 @@ class Engine:
         publish_workers: int | None = None,
         workers: int | None = None,
         name: str = "engine",
-        step: Callable[[list[Session], Executor], list[int | BaseException]] = step_sessions,
+        step: Callable[..., list[int | BaseException]] = step_sessions,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -169,10 +180,10 @@ class Engine:
         return stream
 
     def remove(self, stream: Stream, timeout: float | None = None) -> None:
-        """Stop running ``stream``; returns once no chunk of it is being generated."""
+        """Stop running ``stream``; returns once no chunk of it is being generated or published."""
         with self._cond:
             stream.ended = True
-            self._cond.wait_for(lambda: not stream.running, timeout)
+            self._cond.wait_for(lambda: not stream.running and not stream.steps, timeout)
             if stream in self._streams:
                 self._streams.remove(stream)
         if self.wake in stream.session.listeners:
@@ -223,13 +234,25 @@ class Engine:
                 return None
             for st in batch:
                 st.running = True
+                st.steps += 1
+        by_session = {id(st.session): st for st in batch}
+        released: set[int] = set()
+
+        def computed(session: Session) -> None:  # its next chunk may begin on another worker
+            with self._cond:
+                by_session[id(session)].running = False
+                released.add(id(session))
+                self._cond.notify_all()
+
         t0 = first.now()
         try:
-            results = self.step([st.session for st in batch], self._pool)
+            results = self.step([st.session for st in batch], self._pool, computed=computed)
         finally:
             with self._cond:
                 for st in batch:
-                    st.running = False
+                    if id(st.session) not in released:  # else a later turn may have it now
+                        st.running = False
+                    st.steps -= 1
                 self._turn_s.append(first.now() - t0)
                 self._cond.notify_all()
         self.turns += 1

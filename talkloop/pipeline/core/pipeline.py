@@ -67,6 +67,13 @@ class Pipeline:
         self.publish_per_frame = spec.publish_per_frame
         self.session_fields = frozenset(f.name for f in self.state_fields)
         check_graph(self.phases, self.modules, self.state_fields)
+        # Whether a chunk's publish keeps anything for the next chunk (a video decoder's cache):
+        # if not, a session's next chunk may be made while this one's frames are rendered.
+        self.publish_keeps_state = any(
+            name in self.session_fields
+            for stage in self.phases["publish"].stages
+            for name in stage.writes
+        )
         self.timeline = Timeline(config.schedule)
         self.compute_dtype = _compute_dtype(config, self.modules)
         enc = self.modules["audio_encoder"].config if "audio_encoder" in self.modules else None

@@ -77,6 +77,7 @@ class _Step:
     windows: np.ndarray
     total_samples: int | None
     t0: float
+    epoch: int  # the audio epoch its audio was read in (VideoChunk.epoch of its frames)
 
 
 @dataclass(eq=False)
@@ -123,7 +124,12 @@ class Session:
         # Interrupts bump the audio epoch; each chunk records the epoch its audio was read in,
         # so consumers can tell frames made from since-interrupted audio (VideoChunk.epoch).
         self.audio_epoch = 0
-        self._step_epoch = 0
+        # Chunks made (their motion) but not yet published: the engine may begin a session's
+        # next chunk while the last one's frames are rendered (``step_sessions``' ``computed``).
+        self._unpublished = 0
+        # Chunks skipped while others were still unpublished: first frame -> the frame after.
+        self._skips: dict[int, int] = {}
+        self._broken: BaseException | None = None  # a publish that failed: later ones give up
         # Called (no arguments, any thread) when audio arrives or ends and when the session
         # closes: the live engine waits on these instead of polling.
         self.listeners: list[Callable[[], None]] = []
@@ -323,6 +329,8 @@ class Session:
             )
 
     def _ready_locked(self) -> bool:
+        if self._pending_rewind is not None and self._unpublished:
+            return False  # a rewind goes back once every chunk made is published
         n = self.next_chunk() if self._pending_rewind is None else self._rewind_chunk_locked()
         return n is not None and (
             self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
@@ -348,23 +356,31 @@ class Session:
         p, state = self.pipeline, self.state
         with self._cond:
             if self._pending_rewind is not None:
+                if self._unpublished:  # it goes back once every chunk made is published
+                    return None
                 self._apply_rewind()
             if not self._ready_locked():
                 return None
             n = self.next_chunk()
             assert n is not None  # _ready_locked checked it
+            # ``n.start``: the last chunk's frames may still be being published.
+            assert self._unpublished or n.start == state.frames_published, (
+                n,
+                state.frames_published,
+                self._unpublished,
+            )
             self._snapshots.append(
-                _Snapshot(state.next_n, state.frames_published, dict(state.fields), state.prompt)
+                _Snapshot(state.next_n, n.start, dict(state.fields), state.prompt)
             )
             windows = self._windows(n)
-            self._step_epoch = self.audio_epoch
+            epoch = self.audio_epoch
             total_samples = state.audio.received if state.audio.ended else None
             prompt, self._pending_prompt = self._pending_prompt, None
         t0 = self._step_t0 = time.perf_counter()
         if prompt is not None and prompt != state.prompt:
             state.prompt = prompt
             p.run_phase("prompt", {"prompt": prompt}, state, self.stats.stage_seconds)
-        return _Step(n, windows, total_samples, t0)
+        return _Step(n, windows, total_samples, t0, epoch)
 
     def _n_chunk_work(self, step: _Step) -> dict:
         return {"job": step.chunk, "seed": self.seed, "audio_windows": step.windows}
@@ -398,6 +414,9 @@ class Session:
         ctx_len = min(p.config.schedule.ctx_len, latents.shape[0])
         state.fields["context_latents"] = latents[-ctx_len:].clone()
         state.fields["context_audio"] = chunk_audio[-ctx_len:].clone()
+        with self._cond:  # the next chunk may begin now; this one's frames are still to come
+            state.next_n += 1
+            self._unpublished += 1
         return _Segment(step, display, chunk_audio)
 
     def _publish_segment(self, seg: _Segment, count: int | None = None) -> None:
@@ -410,6 +429,15 @@ class Session:
             return
         lo, total = seg.done, seg.latents.shape[0]
         hi = total if count is None else min(total, lo + count)
+        if lo == 0:  # frames go out in order: after the session's chunk before this one
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: state.frames_published >= n.start or self._closed or self._broken
+                )
+                if state.frames_published < n.start:
+                    raise SessionClosedError(
+                        "the session closed or failed before its last chunk was published"
+                    )
         frames = p.run_phase(
             "publish",
             {  # both: the frames of n, in display order
@@ -427,15 +455,27 @@ class Session:
             self.stats.generate_seconds += took
             last = self.stats.chunk_seconds
             self.stats.chunk_seconds = took if last is None else 0.8 * last + 0.2 * took
-        self._publish(n.start + lo, frames, seg.step.total_samples)
+        self._publish(n.start + lo, frames, seg.step)
         if hi == total:
             seg.latents = seg.audio = None  # the chunk's working tensors, released now
             with self._cond:
-                state.next_n += 1
-                state.frames_published = n.stop
+                end = n.stop
+                while end in self._skips:  # chunks skipped after this one: done with it
+                    end = self._skips.pop(end)
+                state.frames_published = end
+                self._unpublished -= 1
                 self._trim_audio()
                 self._cond.notify_all()
+                rewind = self._pending_rewind is not None
             self.stats.chunks += 1
+            if rewind:  # it waited for this chunk: whoever steps the session looks again
+                self._tell()
+
+    def _publish_failed(self, err: BaseException) -> None:
+        """A chunk's publish failed: the session's later chunks, waiting for it, give up."""
+        with self._cond:
+            self._broken = err
+            self._cond.notify_all()
 
     def lag_seconds(self) -> float:
         """Audio waiting beyond what the next N chunk needs (0 when generation keeps up)."""
@@ -459,7 +499,10 @@ class Session:
             if n is None or n.index == 0 or self._pending_rewind or not self._ready_locked():
                 return 0
             self.state.next_n += 1
-            self.state.frames_published = n.stop
+            if self._unpublished:  # passed over once the chunks before it are published
+                self._skips[n.start] = n.stop
+            else:
+                self.state.frames_published = n.stop
             self._trim_audio()
             self._cond.notify_all()
         self.stats.skipped_frames += n.length
@@ -490,15 +533,15 @@ class Session:
         )
         self.state.audio.trim_before(max(0, keep_from))
 
-    def _publish(self, first: int, frames: np.ndarray, total_samples: int | None) -> None:
+    def _publish(self, first: int, frames: np.ndarray, step: _Step) -> None:
         info = self.pipeline.info
         a = frame_start_sample(first, info.fps, info.sample_rate)
         b = frame_start_sample(first + frames.shape[0], info.fps, info.sample_rate)
-        if total_samples is not None:
-            b = min(b, total_samples)
+        if step.total_samples is not None:
+            b = min(b, step.total_samples)
         with self._cond:
             audio = self.state.audio.window(a, b)
-        video_chunk = VideoChunk(frames, first, self._step_epoch)
+        video_chunk = VideoChunk(frames, first, step.epoch)
         audio_chunk = AudioChunk(audio, a)
         t0 = time.perf_counter()
         for sink in self.sinks:
@@ -584,11 +627,18 @@ class Session:
 
 
 def step_sessions(
-    sessions: Sequence[Session], executor: Executor | None = None
+    sessions: Sequence[Session],
+    executor: Executor | None = None,
+    computed: Callable[[Session], None] | None = None,
 ) -> list[int | BaseException]:
     """:meth:`Session.step` for several sessions of one pipeline at once: their ``n_chunk``
     phases run stage by stage over all of them (the motion model sees one batch), then each
     finishes its own chunk (``executor`` runs those side by side, when given).
+
+    ``computed(session)`` is called once a session's chunk is made but before its frames are
+    rendered and published: from then on its next chunk may begin (in another thread: the live
+    engine's), and that chunk's frames go out after these. Not for a pipeline whose publish
+    keeps state for the next chunk (``Pipeline.publish_keeps_state``).
 
     Returns per session the frames it published (0: its chunk was not ready) or the error that
     ended its step, so one failing session never takes the others down: when the batched phase
@@ -609,10 +659,11 @@ def step_sessions(
             begun.append((s, step))
     if begun:
         try:
-            _step_begun(begun, results, executor)
+            _step_begun(begun, results, executor, computed)
         finally:
-            for s, _ in begun:
-                s._step_t0 = None  # its chunk is over, whatever came of it
+            for s, step in begun:
+                if s._step_t0 == step.t0:  # not a later chunk's, begun meanwhile
+                    s._step_t0 = None  # its chunk is over, whatever came of it
     return [results[id(s)] for s in sessions]
 
 
@@ -620,9 +671,11 @@ def _step_begun(
     begun: list[tuple[Session, _Step]],
     results: dict[int, int | BaseException],
     executor: Executor | None,
+    computed: Callable[[Session], None] | None,
 ) -> None:
     """``step_sessions`` for the sessions whose chunk began: the batched ``n_chunk`` phase, then
-    each one's finish (results by ``id`` of the session)."""
+    each one's segment (an I chunk where the timeline has them; the motion context rolled on),
+    then each one's frames (results by ``id`` of the session)."""
     pipeline = begun[0][0].pipeline
     if any(s.pipeline is not pipeline for s, _ in begun):
         raise ValueError("step_sessions batches sessions of one pipeline only")
@@ -651,42 +704,65 @@ def _step_begun(
             except Exception as err:
                 works.append(err)
 
-    items = list(zip(begun, works, strict=True))
-    # Several chunks of a family that makes each frame alone go out in two waves: every chunk's
-    # first frame, then the rest, so the last call's first frame does not wait for the other
-    # calls' second frames (their deadline is a frame later).
-    waves = 2 if pipeline.publish_per_frame and len(items) > 1 else 1
     segments: dict[int, _Segment] = {}
 
-    def publish(item: tuple[tuple[Session, _Step], dict | BaseException], wave: int) -> None:
+    def segment(item: tuple[tuple[Session, _Step], dict | BaseException]) -> None:
         (s, step), work = item
-        if id(s) in results:  # its n_chunk phase, or an earlier wave, failed
-            return
         try:
-            if wave == 0:
-                if isinstance(work, BaseException):
-                    raise work
-                segments[id(s)] = s._segment(step, work)
-            s._publish_segment(segments[id(s)], 1 if wave == 0 and waves == 2 else None)
+            if isinstance(work, BaseException):
+                raise work
+            segments[id(s)] = s._segment(step, work)
         except Exception as err:
             results[id(s)] = err
 
-    if executor is not None and len(items) > 1:
+    if pipeline.publish_keeps_state:  # the next chunk needs what this one's publish keeps
+        computed = None
+    items = list(zip(begun, works, strict=True))
+    side_by_side = executor is not None and len(items) > 1
+    if side_by_side:  # an I chunk is a phase of its own: one per session, side by side
+        for future in [executor.submit(segment, item) for item in items]:
+            future.result()
+    else:
+        for item in items:
+            segment(item)
+    made = [s for s, _ in begun if id(s) in segments]
+    # Several chunks of a family that makes each frame alone go out in two waves: every chunk's
+    # first frame, then the rest, so the last call's first frame does not wait for the other
+    # calls' second frames (their deadline is a frame later).
+    waves = 2 if pipeline.publish_per_frame and len(made) > 1 else 1
+
+    def publish(s: Session, wave: int) -> None:
+        if id(s) in results:  # an earlier wave failed
+            return
+        try:
+            s._publish_segment(segments[id(s)], 1 if wave == 0 and waves == 2 else None)
+        except Exception as err:
+            results[id(s)] = err
+            s._publish_failed(err)
+
+    if side_by_side and len(made) > 1:
         # In order, so each session's later wave is taken after its first (which an earlier
-        # task runs): a later wave waits for it, never for a task queued behind itself.
-        firsts = [executor.submit(publish, item, 0) for item in items]
+        # task runs): a later wave waits for it, never for a task queued behind itself. The
+        # next chunks' tasks (``computed``) are queued behind all of these.
+        firsts = [executor.submit(publish, s, 0) for s in made]
         rest = [
-            executor.submit(_after, first, publish, item, 1)
-            for first, item in zip(firsts, items, strict=True)
+            executor.submit(_after, f, publish, s, 1)
+            for f, s in zip(firsts, made, strict=True)
             if waves == 2
         ]
+        for s in made:
+            if computed is not None:
+                computed(s)
         for future in firsts + rest:
             future.result()
     else:
+        for s in made:
+            if computed is not None:
+                computed(s)
         for wave in range(waves):
-            for item in items:
-                publish(item, wave)
-    for (s, _), _work in items:
+            for s in made:
+                publish(s, wave)
+    for s in made:
         if id(s) not in results:  # it did not fail: the frames it published
             results[id(s)] = segments[id(s)].done
 

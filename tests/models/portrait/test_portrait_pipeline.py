@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from talkloop.pipeline.core.clock import frame_start_sample, frames_for_samples
-from talkloop.pipeline.core.errors import InputError
+from talkloop.pipeline.core.errors import InputError, SessionClosedError
 from talkloop.pipeline.core.pipeline import Pipeline
-from talkloop.pipeline.core.session import step_sessions
+from talkloop.pipeline.core.session import Session, step_sessions
 from talkloop.pipeline.core.workers import Bound
 from talkloop.pipeline.models.portrait import stages
 from talkloop.pipeline.models.registry import build_pipeline, load_modules, load_reference
@@ -74,6 +74,88 @@ def test_streaming_and_batch_give_bit_identical_frames(pipeline, reference, spee
     assert np.array_equal(a, b)
     assert np.array_equal(batch.all_audio(), stream.all_audio())
     assert np.abs(np.diff(a.astype(np.int16), axis=0)).mean() > 0  # the face moves
+
+
+class HeldSink(CollectSink):
+    """Keeps what it is given; its first write waits for ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held, self.release = threading.Event(), threading.Event()
+
+    def write(self, video, audio) -> None:
+        if not self.held.is_set():
+            self.held.set()
+            assert self.release.wait(30)
+        super().write(video, audio)
+
+
+def overlapped(pipeline, reference, audio):
+    """A session on all of ``audio`` whose first chunk's frames are held in its sink while its
+    second chunk is made (``step_sessions``' ``computed``, as the live engine runs it on another
+    worker). Returns the session, its sink, the two steps' threads and their results."""
+    sink = HeldSink()
+    session = pipeline.open_session(reference.copy(), sinks=[sink])
+    session.push_audio(audio)
+    session.end_audio()
+    threads, results = [], []
+
+    def run() -> None:
+        results.append(step_sessions([session], computed=computed))
+
+    def computed(s) -> None:
+        if len(threads) < 2:  # the next chunk, begun at once on another thread
+            threads.append(threading.Thread(target=run))
+            threads[-1].start()
+
+    computed(session)  # the first chunk, on a thread of its own
+    assert sink.held.wait(30)
+    for _ in range(3000):  # the second chunk is made while the first one's frames are held
+        if session.state.next_n == 2:
+            break
+        threading.Event().wait(0.01)
+    return session, sink, threads, results
+
+
+def test_a_chunk_is_made_while_the_last_ones_frames_are_published(
+    pipeline, reference, speech
+) -> None:
+    """A session's next chunk may begin once its motion is made (``computed``: the live engine
+    begins it on another worker) while this chunk's frames are still rendered and published;
+    its own frames wait for them, and the frames are those of a session stepped in turn."""
+    audio = speech[: int(1.0 * RATE)]
+    expected = render_batch(pipeline, audio, reference)
+    session, sink, threads, results = overlapped(pipeline, reference, audio)
+    assert session.state.next_n == 2 and sink.first_indices == [] and session.made_until == 0
+    sink.release.set()
+    for thread in threads:
+        thread.join(30)
+    chunks = [pipeline.timeline.n_chunk(k) for k in (0, 1)]
+    assert [r[0] for r in results] == [n.length for n in chunks]
+    assert sink.first_indices == [n.start for n in chunks]
+    while session.step():
+        pass
+    session.close()
+    assert np.array_equal(sink.all_frames(), expected.all_frames())
+    assert np.array_equal(sink.all_audio(), expected.all_audio())
+
+
+def test_a_chunk_skipped_behind_unpublished_ones_is_passed_over_after_them(
+    pipeline, reference, speech
+) -> None:
+    """Live catch-up while two chunks are made but not yet published: the skipped chunk counts
+    as done once they are, and the next chunk's frames follow theirs."""
+    audio = speech[: int(1.0 * RATE)]
+    session, sink, threads, _ = overlapped(pipeline, reference, audio)
+    chunks = [pipeline.timeline.n_chunk(k) for k in range(4)]
+    assert session.skip_chunk() == chunks[2].length and session.made_until == 0
+    sink.release.set()
+    for thread in threads:
+        thread.join(30)
+    assert session.made_until == chunks[2].stop
+    assert session.step() == chunks[3].length
+    assert sink.first_indices == [chunks[k].start for k in (0, 1, 3)]
+    session.close()
 
 
 def test_every_sample_published_once_in_display_order(pipeline, reference, speech) -> None:
@@ -264,6 +346,23 @@ def test_a_server_prepares_its_avatar_before_its_first_call(modules, reference, 
     session = pipeline.open_session(reference.copy())
     assert calls == [] and session.state.fields["renderer"] is not None
     session.close()
+
+
+def test_a_server_whose_avatar_makes_no_frame_stops_at_start(modules, reference, monkeypatch):
+    """A pipeline that makes no frame from its first chunk of silence stops ``talkloop serve``
+    at start, saying so, instead of serving calls that would never show a face; the session it
+    tried is closed."""
+    pipeline = pipeline_of(modules, 0)
+    opened: list[Session] = []
+    open_session = pipeline.open_session
+    monkeypatch.setattr(
+        pipeline, "open_session", lambda *args: opened.append(open_session(*args)) or opened[-1]
+    )
+    monkeypatch.setattr(Session, "step", lambda self: 0)
+    with pytest.raises(RuntimeError, match="first chunk of silence made no frame"):
+        prepare_avatar(pipeline, reference.copy(), "")
+    (result,) = step_sessions(opened)
+    assert isinstance(result, SessionClosedError)
 
 
 def test_a_cluster_actor_prepares_its_avatar_before_its_call(reference, monkeypatch):
