@@ -45,7 +45,7 @@ frames are still being rendered and published; another worker may then make the 
 chunk, whose frames go out after these. With three calls on two cores the batch's making (about
 a quarter of the 80 ms chunk) and its six renders no longer add up on one worker: alternated
 three-call levels lost fewer frames in every pair (docs/benchmarks.md, the Zen 3 entry of
-2026-12-07 09:22-10:40). ``remove`` waits for both. A family whose publish keeps state for the
+2026-12-07 09:22-11:05). ``remove`` waits for both. A family whose publish keeps state for the
 next chunk (``Pipeline.publish_keeps_state``: a video decoder's cache) publishes a chunk before its
 next begins.
 
