@@ -179,7 +179,7 @@ def test_a_calls_next_chunk_is_made_while_its_last_ones_frames_are_published() -
     now = [1.0]  # the audio of chunks 1 to 6 is here
     call = Timed("c", now, object())
     call.next = 1
-    release, made = threading.Event(), []
+    publishing, release, made = threading.Event(), threading.Event(), []
 
     def step(batch, pool, computed=None):
         for s in batch:
@@ -187,19 +187,18 @@ def test_a_calls_next_chunk_is_made_while_its_last_ones_frames_are_published() -
             s.next += 1
             computed(s)
         if len(made) == 1:
+            publishing.set()
             assert release.wait(30)  # the first chunk's frames are still being published
         return [3] * len(batch)
 
     engine = Engine(step=step)
-    stream = Stream(call, call.deadline, lambda: 10.0, lambda err: pytest.fail(str(err)))
-    stream.now = lambda: now[0]
+    stream = Stream(
+        call, call.deadline, lambda: 10.0, lambda err: pytest.fail(str(err)), lambda: now[0]
+    )
     engine._streams.append(stream)
     first = threading.Thread(target=engine.turn)
     first.start()
-    for _ in range(3000):
-        if made:
-            break
-        threading.Event().wait(0.01)
+    assert publishing.wait(30)
     assert engine.turn() is None  # the next turn: the next chunk, while the first publishes
     assert made == [1, 2] and stream.steps == 1 and not stream.running
     removing = threading.Thread(target=engine.remove, args=(stream,))

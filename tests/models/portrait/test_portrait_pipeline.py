@@ -98,7 +98,7 @@ def overlapped(pipeline, reference, audio):
     session = pipeline.open_session(reference.copy(), sinks=[sink])
     session.push_audio(audio)
     session.end_audio()
-    threads, results = [], []
+    threads, results, second_made = [], [], threading.Event()
 
     def run() -> None:
         results.append(step_sessions([session], computed=computed))
@@ -107,13 +107,12 @@ def overlapped(pipeline, reference, audio):
         if len(threads) < 2:  # the next chunk, begun at once on another thread
             threads.append(threading.Thread(target=run))
             threads[-1].start()
+        elif s.state.next_n == 2:
+            second_made.set()
 
     computed(session)  # the first chunk, on a thread of its own
     assert sink.held.wait(30)
-    for _ in range(3000):  # the second chunk is made while the first one's frames are held
-        if session.state.next_n == 2:
-            break
-        threading.Event().wait(0.01)
+    assert second_made.wait(30)  # while the first chunk's frames are held
     return session, sink, threads, results
 
 
