@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from talkloop.pipeline.core.clock import frame_start_sample
-from talkloop.pipeline.core.engine import GATHER_MARGIN_S, Engine, Stream
+from talkloop.pipeline.core.engine import Engine, Stream
 from talkloop.pipeline.core.schedule import NChunk
 from talkloop.pipeline.core.session import step_sessions
 from talkloop.pipeline.models.registry import build_pipeline
@@ -68,7 +68,7 @@ def simulate(
     of clock time; ``log`` gets (start, end, [(session, deadline of its chunk)]) per turn."""
     order: list[str] = []
 
-    def step(batch, pool, computed=None, first_out=None):
+    def step(batch, pool, computed=None):
         start = now[0]
         now[0] += batch_s + cost_s * len(batch)
         if log is not None:
@@ -77,7 +77,6 @@ def simulate(
             order.append(s.name)
             s.next += 1
             s.generated += 1
-            first_out(s)  # its whole chunk is out at once here
         return [3] * len(batch)
 
     engine = Engine(step=step, **kw)
@@ -174,45 +173,6 @@ def test_a_lone_call_never_waits() -> None:
     np.testing.assert_allclose(starts, ready)
 
 
-def test_gathering_reserves_the_time_to_the_first_frames_not_the_whole_turn() -> None:
-    """A turn lets its calls go once their chunks are made and goes on publishing their later
-    frames; what must fit before a chunk's deadline is the turn's lead (until its first frames
-    are out), so a ready call still waits for another one that is about to be ready, even when
-    whole turns take longer than the time it has."""
-    now = [0.12]  # c0's first chunk is ready
-    c0, c1 = Timed("c0", now, object()), Timed("c1", now, object(), offset=0.25)
-    c1.pipeline = c0.pipeline
-    batches = []
-
-    def step(batch, pool, computed=None, first_out=None):
-        batches.append([s.name for s in batch])
-        now[0] += 0.03  # the chunks made and their first frames out
-        for s in batch:
-            s.next += 1
-            first_out(s)
-        now[0] += 0.15  # their later frames: longer than the 0.2 s from ready to deadline
-        return [3] * len(batch)
-
-    engine = Engine(step=step)
-
-    def clock() -> float:  # one clock object for both calls: they may be gathered
-        return now[0]
-
-    def join(call: Timed) -> None:
-        engine._streams.append(
-            Stream(call, call.deadline, lambda: 10.0, lambda e: pytest.fail(str(e)), clock)
-        )
-
-    join(c0)
-    assert engine.turn() is None  # alone: at once; its lead timed
-    join(c1)
-    now[0] = 0.36  # c0's chunk 1 (due at 0.44) is ready, c1's first chunk comes at 0.37
-    assert engine.turn() == pytest.approx(0.44 - 0.03 - GATHER_MARGIN_S - 0.36)
-    now[0] = 0.37
-    assert engine.turn() is None
-    assert batches == [["c0"], ["c0", "c1"]]
-
-
 def test_a_calls_next_chunk_is_made_while_its_last_ones_frames_are_published() -> None:
     """Once a turn has made a call's chunk (``computed``), another worker may run the call's next
     turn while the first still publishes; ``remove`` returns only once both are over."""
@@ -221,7 +181,7 @@ def test_a_calls_next_chunk_is_made_while_its_last_ones_frames_are_published() -
     call.next = 1
     publishing, release, made = threading.Event(), threading.Event(), []
 
-    def step(batch, pool, computed=None, first_out=None):
+    def step(batch, pool, computed=None):
         for s in batch:
             made.append(s.next)
             s.next += 1
@@ -328,7 +288,7 @@ def test_a_session_whose_chunk_fails_in_a_batch_fails_alone(tiny_modules, speech
 
 def test_later_sessions_anchor_on_the_grid_of_the_first() -> None:
     now = [2.0]
-    engine = Engine(step=lambda batch, pool, computed=None, first_out=None: [0] * len(batch))
+    engine = Engine(step=lambda batch, pool, computed=None: [0] * len(batch))
 
     def clock() -> float:
         return now[0]

@@ -20,11 +20,9 @@ a chunk. Each turn the engine
 dispatch, not arithmetic: docs/benchmarks.md), but calls that joined at different moments have
 their chunks' audio complete at different moments. So a ready batch that could still grow (other
 sessions of its pipeline, on the same clock, are not in it) waits for them until its *latest
-start*: the earliest deadline in it less a reserve, the median *lead* of the last
-``TURN_HISTORY`` turns (from a turn's start until the last first frame of its chunks was published,
-timed on that clock: what has to fit before the deadline, the chunks' later frames being due
-later) plus ``GATHER_MARGIN_S``; before the engine has timed a turn (a fresh server's first calls)
-the reserve is ``FIRST_RESERVE_SHARE`` of the chunk's own duration.
+start*: the earliest deadline in it less a reserve, the median of the last ``TURN_HISTORY``
+turns' durations (timed on that clock) plus ``GATHER_MARGIN_S``; before the engine has timed a turn
+(a fresh server's first calls) the reserve is ``FIRST_RESERVE_SHARE`` of the chunk's own duration.
 Whoever becomes ready meanwhile joins it. A lone call never waits (there is nobody to gather), nor
 does a batch that is full; under overload the latest start has passed and the batch runs at once.
 
@@ -78,7 +76,7 @@ from talkloop.pipeline.core.session import Session, step_sessions
 log = logging.getLogger("talkloop.engine")
 
 WAIT_S = 0.02  # longest sleep without a wake-up: one driving block
-TURN_HISTORY = 32  # turns whose leads set the gathering reserve
+TURN_HISTORY = 32  # turns whose compute time sets the gathering reserve
 TURN_QUANTILE = 0.5  # of those, the one that sets it: the median (docs/benchmarks.md, 2026-12-04)
 GATHER_MARGIN_S = 0.02  # what a gathered batch's start may still slip by (a wake-up, a tick)
 # The reserve before any turn is timed, as a share of the chunk's duration: the median turn of
@@ -141,7 +139,7 @@ class Engine:
         self.batches = 0  # turns that ran more than one session's chunk in one batch
         self.turns = 0
         self.batched_chunks = 0  # chunks that ran in those turns
-        self._lead_s: deque[float] = deque(maxlen=TURN_HISTORY)  # recent turns' leads (above)
+        self._turn_s: deque[float] = deque(maxlen=TURN_HISTORY)  # compute time of recent turns
         self._grids: dict[tuple[Callable[[], float], float], float] = {}  # a point of each grid
 
     # -- membership ----------------------------------------------------------------------------
@@ -239,8 +237,6 @@ class Engine:
                 st.steps += 1
         by_session = {id(st.session): st for st in batch}
         released: set[int] = set()
-        t0 = first.now()
-        out_at: list[float] = []  # when each session's first frame was published
 
         def computed(session: Session) -> None:  # its next chunk may begin on another worker
             with self._cond:
@@ -248,22 +244,16 @@ class Engine:
                 released.add(id(session))
                 self._cond.notify_all()
 
-        def first_out(session: Session) -> None:
-            with self._cond:
-                out_at.append(first.now())
-
+        t0 = first.now()
         try:
-            results = self.step(
-                [st.session for st in batch], self._pool, computed=computed, first_out=first_out
-            )
+            results = self.step([st.session for st in batch], self._pool, computed=computed)
         finally:
             with self._cond:
                 for st in batch:
                     if id(st.session) not in released:  # else a later turn may have it now
                         st.running = False
                     st.steps -= 1
-                if out_at:
-                    self._lead_s.append(max(out_at) - t0)
+                self._turn_s.append(first.now() - t0)
                 self._cond.notify_all()
         self.turns += 1
         if len(batch) > 1:
@@ -301,11 +291,11 @@ class Engine:
                 not st.ended and st not in batch and self._batchable(batch[0], st)
                 for st in self._streams
             )
-            leads = sorted(self._lead_s)
+            turns = sorted(self._turn_s)
         if not others:
             return float("-inf")
-        if leads:
-            reserve = leads[int(TURN_QUANTILE * (len(leads) - 1))]
+        if turns:
+            reserve = turns[int(TURN_QUANTILE * (len(turns) - 1))]
         else:
             reserve = FIRST_RESERVE_SHARE * chunk_s
         return due - reserve - GATHER_MARGIN_S

@@ -625,7 +625,6 @@ def step_sessions(
     sessions: Sequence[Session],
     executor: Executor | None = None,
     computed: Callable[[Session], None] | None = None,
-    first_out: Callable[[Session], None] | None = None,
 ) -> list[int | BaseException]:
     """:meth:`Session.step` for several sessions of one pipeline at once: their ``n_chunk``
     phases run stage by stage over all of them (the motion model sees one batch), then each
@@ -634,9 +633,7 @@ def step_sessions(
     ``computed(session)`` is called once a session's chunk is made but before its frames are
     rendered and published: from then on its next chunk may begin (in another thread: the live
     engine's), and that chunk's frames go out after these. Not for a pipeline whose publish
-    keeps state for the next chunk (``Pipeline.publish_keeps_state``). ``first_out(session)`` is
-    called once the first frame of a session's chunk is published (a family that makes each
-    frame alone publishes the rest after it; any other, with it).
+    keeps state for the next chunk (``Pipeline.publish_keeps_state``).
 
     Returns per session the frames it published (0: its chunk was not ready) or the error that
     ended its step, so one failing session never takes the others down: when the batched phase
@@ -657,7 +654,7 @@ def step_sessions(
             begun.append((s, step))
     if begun:
         try:
-            _step_begun(begun, results, executor, computed, first_out)
+            _step_begun(begun, results, executor, computed)
         finally:
             for s, step in begun:
                 if s._step_t0 == step.t0:  # not a later chunk's, begun meanwhile
@@ -670,7 +667,6 @@ def _step_begun(
     results: dict[int, int | BaseException],
     executor: Executor | None,
     computed: Callable[[Session], None] | None,
-    first_out: Callable[[Session], None] | None = None,
 ) -> None:
     """``step_sessions`` for the sessions whose chunk began: the batched ``n_chunk`` phase, then
     each one's segment (an I chunk where the timeline has them; the motion context rolled on),
@@ -725,10 +721,10 @@ def _step_begun(
         for item in items:
             segment(item)
     made = [s for s, _ in begun if id(s) in segments]
-    # The chunks of a family that makes each frame alone go out in two waves: every chunk's
+    # Several chunks of a family that makes each frame alone go out in two waves: every chunk's
     # first frame, then the rest, so the last call's first frame does not wait for the other
     # calls' second frames (their deadline is a frame later).
-    waves = 2 if pipeline.publish_per_frame else 1
+    waves = 2 if pipeline.publish_per_frame and len(made) > 1 else 1
 
     def publish(s: Session, wave: int) -> None:
         if id(s) in results:  # an earlier wave failed
@@ -738,9 +734,6 @@ def _step_begun(
         except Exception as err:
             results[id(s)] = err
             s._publish_failed(err)
-            return
-        if wave == 0 and first_out is not None:
-            first_out(s)
 
     if side_by_side and len(made) > 1:
         # In order, so each session's later wave is taken after its first (which an earlier
