@@ -68,7 +68,8 @@ class AvatarVideoTrack(MediaStreamTrack):
         rgb = out.rgb if self.stamp is None else self.stamp(out.rgb, out.index)
         # The frame wraps the pixels (never written again: a published frame is its own copy)
         # rather than copying them on the event loop: 0.005 against 0.16 ms a 512x512 frame.
-        frame = av.VideoFrame.from_numpy_buffer(rgb, format="rgb24")
+        # Only the idle frame (the caller's avatar image) may be a view with other strides.
+        frame = av.VideoFrame.from_numpy_buffer(np.ascontiguousarray(rgb), format="rgb24")
         frame.pts = out.pts * VIDEO_CLOCK // out.sample_rate
         frame.time_base = Fraction(1, VIDEO_CLOCK)
         return frame
