@@ -729,7 +729,7 @@ class AvatarSession:
         default): no lock is needed.
         """
         playout = self.driver.playout
-        if start < playout.end - playout.capacity:
+        if start < playout.held_from:
             return None
         return playout.read(start, count)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from talkloop.agent.clock import ManualClock, MediaClock
-from talkloop.agent.driver import AudioDriver
+from talkloop.agent.driver import AudioDriver, PlayoutBuffer
 
 from support import tone
 
@@ -106,3 +106,49 @@ def test_a_reply_shorter_than_the_idle_span_forgets_the_idle_blocks_past_it() ->
         driver.playout.read(start, 9 * BLOCK), reply
     )  # the reply, whole, with no idle block inside it
     assert driver.samples >= start + 9 * BLOCK and driver.shortfall < produced - start - 4 * BLOCK
+
+
+def test_playout_buffer_holds_the_last_capacity_samples_across_its_wrap() -> None:
+    """Every operation against a plain record of all samples, with runs that cross the ring's
+    end, runs longer than the ring, and reads of samples no longer or not yet held (a
+    truncation forgets the ``capacity`` samples before the forgotten ones: their slots)."""
+    capacity = 37
+    buf = PlayoutBuffer(capacity)
+    rng = np.random.default_rng(3)
+    truth = np.zeros(0, np.float32)
+    low = 0  # a truncation forgets the samples whose slots the forgotten ones took
+
+    def held(start: int, count: int) -> np.ndarray:
+        out = np.zeros(count, np.float32)
+        lo, hi = max(start, low, len(truth) - capacity), min(start + count, len(truth))
+        if hi > lo:
+            out[lo - start : hi - start] = truth[lo:hi]
+        return out
+
+    for step in range(400):
+        op = step % 5
+        if op in (0, 1):  # append a run, now and then longer than the ring
+            n = int(rng.integers(0, 3 * capacity if step % 45 == 0 else 20))
+            run = rng.standard_normal(n).astype(np.float32)
+            buf.append(run)
+            truth = np.concatenate([truth, run])
+        elif op == 2 and len(truth) > buf.held_from:  # overwrite a held run
+            start = int(rng.integers(buf.held_from, len(truth)))
+            run = rng.standard_normal(int(rng.integers(0, len(truth) - start + 1)))
+            buf.write(start, run.astype(np.float32))
+            truth[start : start + len(run)] = run
+        elif op == 3 and step % 20 == 3:  # forget a tail, or silence it
+            cut = int(rng.integers(buf.held_from, len(truth) + 1))
+            if step % 40 == 3:
+                buf.truncate(cut)
+                low = max(low, len(truth) - capacity)
+                truth = truth[:cut]
+            else:
+                buf.silence_from(cut)
+                truth[cut:] = 0.0
+        start = int(rng.integers(max(len(truth) - 2 * capacity, 0), len(truth) + 10))
+        count = int(rng.integers(0, 2 * capacity))
+        np.testing.assert_array_equal(buf.read(start, count), held(start, count))
+        assert (buf.end, buf.held_from) == (len(truth), max(low, len(truth) - capacity))
+    with pytest.raises(ValueError, match="not all held"):
+        buf.write(buf.held_from - 1, np.zeros(2, np.float32))
