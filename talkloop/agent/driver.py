@@ -100,7 +100,10 @@ class PlayoutBuffer:
     def write(self, start: int, samples: np.ndarray) -> None:
         """Overwrite samples ``[start, start + len)``, all of them already written and held."""
         if start < self.held_from or start + samples.shape[0] > self.end:
-            raise ValueError(f"samples {start}.. are not all held (end {self.end})")
+            raise ValueError(
+                f"samples {start}..{start + samples.shape[0]} are not all held "
+                f"(held {self.held_from}..{self.end})"
+            )
         if samples.shape[0]:
             for ring, run in self._spans(start, start + samples.shape[0]):
                 self.data[ring] = samples[run]
