@@ -207,6 +207,8 @@ class Engine:
         of its clock), inf when nothing was ready."""
         with self._cond:
             live = [s for s in self._streams if not s.ended and not s.running]
+        # Another worker may take one of these meanwhile: a session refuses to skip the chunk
+        # it is making (``Session.skip_chunk``).
         for stream in live:
             s = stream.session
             if s.lag_seconds() > stream.max_lag_s() and s.skip_chunk():

@@ -136,6 +136,9 @@ class Session:
         self._snapshots: deque[_Snapshot] = deque()  # the last REWIND_S of chunk starts
         self._pending_rewind: int | None = None  # the frame a rewind goes back to
         self._step_t0: float | None = None  # perf_counter() when the running chunk began
+        # The N chunk begun and not yet made (``_begin_step`` until ``_segment``): the timeline
+        # moves past it only once it is made, so it must not be skipped meanwhile.
+        self._making: NChunk | None = None
         pipeline.run_phase("init", {"reference_image": reference, "prompt": prompt}, self.state)
         opened: list[Sink] = []
         try:
@@ -363,6 +366,7 @@ class Session:
                 return None
             n = self.next_chunk()
             assert n is not None  # _ready_locked checked it
+            self._making = n
             # ``n.start``, not ``frames_published``: the last chunk's frames may still be out.
             self._snapshots.append(
                 _Snapshot(state.next_n, n.start, dict(state.fields), state.prompt)
@@ -411,6 +415,7 @@ class Session:
         state.fields["context_audio"] = chunk_audio[-ctx_len:].clone()
         with self._cond:  # the next chunk may begin now; this one's frames are still to come
             state.next_n += 1
+            self._making = None
             self._unpublished += 1
         return _Segment(step, display, chunk_audio)
 
@@ -490,8 +495,18 @@ class Session:
         with self._cond:
             n = self.next_chunk()
             # N0 is never skipped: later chunks and I chunks need its motion context. Nor is
-            # a chunk a rewind is about to make again.
-            if n is None or n.index == 0 or self._pending_rewind or not self._ready_locked():
+            # a chunk a rewind is about to make again, nor one being made: the live engine's
+            # workers look at a session before another may take it, and a skip under its maker
+            # would count the chunk both made and skipped, and the maker would then move the
+            # timeline past the next chunk too, which no publish reaches: every later chunk
+            # would wait for it forever.
+            if (
+                n is None
+                or n.index == 0
+                or self._making is not None
+                or self._pending_rewind
+                or not self._ready_locked()
+            ):
                 return 0
             self.state.next_n += 1
             if self._unpublished:  # passed over once the chunks before it are published
@@ -659,6 +674,9 @@ def step_sessions(
             for s, step in begun:
                 if s._step_t0 == step.t0:  # not a later chunk's, begun meanwhile
                     s._step_t0 = None  # its chunk is over, whatever came of it
+                with s._cond:
+                    if s._making is step.chunk:  # its making failed
+                        s._making = None
     return [results[id(s)] for s in sessions]
 
 

@@ -157,6 +157,46 @@ def test_a_chunk_skipped_behind_unpublished_ones_is_passed_over_after_them(
     session.close()
 
 
+def test_a_chunk_being_made_is_not_skipped_under_its_maker(pipeline, reference, speech) -> None:
+    """The live engine looks at which sessions are free, then skips the chunks of those past
+    their lag bound, while another worker may take one of them meanwhile: a skip that comes
+    while the session's next chunk is being made is refused. Before, that chunk counted as both
+    made and skipped, its maker then moved the timeline past the next chunk too, and every
+    later chunk waited for that one's frames forever (a server's calls froze under overload)."""
+    audio = speech[: int(1.0 * RATE)]
+    expected = render_batch(pipeline, audio, reference)
+    sink = CollectSink()
+    session = pipeline.open_session(reference.copy(), sinks=[sink])
+    session.push_audio(audio)
+    session.end_audio()
+    assert session.step() > 0  # N0, which is never skipped
+    inside, go = threading.Event(), threading.Event()
+
+    def hold(phase, stage) -> None:  # the second chunk's motion, being made
+        if phase == "n_chunk" and not inside.is_set():
+            inside.set()
+            go.wait(30)
+
+    pipeline.stage_hooks.append(hold)
+    maker = threading.Thread(target=session.step)
+    try:
+        maker.start()
+        assert inside.wait(30)
+        assert session.skip_chunk() == 0
+    finally:
+        go.set()
+        maker.join(30)
+        pipeline.stage_hooks.remove(hold)
+    done = threading.Thread(target=lambda: [None for _ in iter(session.step, 0)])
+    done.start()
+    done.join(60)
+    stuck = done.is_alive()
+    session.close()  # wakes a step that waits for frames no chunk publishes
+    assert not stuck
+    assert session.stats.skipped_frames == 0
+    assert np.array_equal(sink.all_frames(), expected.all_frames())
+
+
 def test_every_sample_published_once_in_display_order(pipeline, reference, speech) -> None:
     audio = speech[: int(1.37 * RATE)]
     sink = render_batch(pipeline, audio, reference)
