@@ -20,6 +20,7 @@ from talkloop.pipeline.bench.calls import (
     one_call,
     passes,
     start_together,
+    stop_server,
 )
 from talkloop.pipeline.cli import build_parser, main
 from talkloop.pipeline.cluster.cli import auto_slots
@@ -136,6 +137,21 @@ def test_a_client_that_dies_before_it_is_ready_stops_the_level_and_the_others() 
     with pytest.raises(RuntimeError, match="exited with 3 before its call started"):
         start_together(clients)
     assert clients[0].wait(timeout=10) != 0  # stopped, not left waiting for its start
+
+
+@pytest.mark.unit
+def test_a_server_that_does_not_exit_after_sigterm_is_killed_and_named(tmp_path) -> None:
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + (
+        "print('up', flush=True); time.sleep(60)"
+    )
+    server = subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "up"  # its handler is in place
+    with pytest.raises(RuntimeError, match=r"had not exited 1 s after SIGTERM and was killed"):
+        stop_server(server, tmp_path / "serve-3.log", timeout=1.0)
+    assert server.returncode == -9  # not left running
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stop_server(polite, tmp_path / "serve-1.log", timeout=30.0)
+    assert polite.returncode == -15
 
 
 @pytest.mark.unit

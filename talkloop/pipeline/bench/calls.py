@@ -52,6 +52,7 @@ AUDIO_GAP_S = 0.06
 # The part of a level's calls whose CPU is measured: past the calls' start (ICE, DTLS, the
 # encoders' first keyframes), before their end.
 CPU_WINDOW = (0.25, 0.9)
+SERVER_EXIT_S = 60.0  # how long a level's server may take to exit after SIGTERM
 # The server's threads by the start of their names (``talkloop serve`` gives the OS its threads'
 # Python names), the first match: the part of the calls each does. Its render workers are
 # processes of their own (``render_workers``); a thread none matches, or one that ended while
@@ -186,9 +187,28 @@ def run_level(
                 c.wait(timeout=seconds + 300)
             calls = [one_call(json.loads(f.read_text())) for f in files]
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            stop_server(server, out / f"serve-{tag}.log")
     return {"calls": n, "run": run, "per_call": calls, "cost": cost}
+
+
+def stop_server(server: subprocess.Popen, log: Path, timeout: float = SERVER_EXIT_S) -> None:
+    """End a level's ``talkloop serve`` with SIGTERM, as a service manager does.
+
+    Raises:
+        RuntimeError: it had not exited ``timeout`` seconds later (it is killed: no server is
+            left running between levels). A server that does not stop is a fault of the code
+            measured, not a figure: a stuck chunk keeps its calls from closing.
+    """
+    server.terminate()
+    try:
+        server.wait(timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        server.kill()
+        server.wait()
+        raise RuntimeError(
+            f"talkloop serve (pid {server.pid}) had not exited {timeout:g} s after SIGTERM and "
+            f"was killed; its output: {log}"
+        ) from err
 
 
 def measure_cost(server: int, clients: list[int], seconds: float) -> dict[str, float | None]:
