@@ -249,3 +249,17 @@ def test_a_rewind_waits_for_the_audio_of_the_chunk_it_goes_back_to(tiny_pipeline
     assert session.ready()
     assert session.step() > 0 and sink.first_indices[-1] == frame
     session.close()
+
+
+def test_no_chunk_is_skipped_while_a_rewind_to_the_first_frame_waits(tiny_pipeline, speech) -> None:
+    """A reply that started early in the call's first chunk rewinds to frame 0: until the session
+    has gone back, the chunk after it is not skipped (it is made again from the new audio)."""
+    sink = CollectSink()
+    session = tiny_pipeline.open_session(make_reference(), sinks=[sink])
+    session.push_audio(np.resize(speech, RATE // 2))
+    assert session.step() > 0 and session.rewind_points()[0] == 0
+    session.rewind(0, np.resize(speech, 2 * RATE))
+    assert session.lag_seconds() > 0.5 and session.ready()
+    assert session.skip_chunk() == 0 and session.stats.skipped_frames == 0
+    assert session.step() > 0 and sink.first_indices == [0, 0]  # the first chunk, made again
+    session.close()

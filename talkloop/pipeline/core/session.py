@@ -504,7 +504,7 @@ class Session:
                 n is None
                 or n.index == 0
                 or self._making is not None
-                or self._pending_rewind
+                or self._pending_rewind is not None
                 or not self._ready_locked()
             ):
                 return 0
