@@ -508,7 +508,7 @@ async def settle(avatar, timeout: float = 20.0) -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     deadline = time.monotonic() + timeout
-    while avatar.session.ready() or avatar.session.running_seconds is not None:
+    while avatar.session.ready() or avatar.session.busy:
         if time.monotonic() > deadline:
             raise AssertionError("generation did not catch up")
         await asyncio.sleep(0.002)

@@ -631,7 +631,8 @@ class AvatarSession:
         a chunk start ``s`` on (``AudioDriver.rewrite``; the session makes the chunks from ``s``
         again, from the reply: ``Session.rewind``). When everything not yet played is idle, the
         media clock jumps ahead (``AudioDriver.skip``) so that ``s`` plays ``lead`` from now:
-        the rest of a chunk being made now, a recent chunk time for the reply's first, and
+        the rest of the making of a chunk being made now (its frames, if they come after ``s``,
+        are dropped rather than waited for), a recent chunk time for the reply's first, and
         ``REPLY_MARGIN_S`` (then on the next audio block: the jump moves by whole blocks). The idle
         frames and audio before it that would still have played are passed over. ``s`` is then
         the latest chunk start before which every frame is made (a later one would leave frames
@@ -655,13 +656,15 @@ class AvatarSession:
             self._held_since, self.driver.hold = now, True
         info, rate = self.info, self.model_rate
         chunk_s = self.pipeline.config.schedule.n_len / info.fps
-        took, running = self.session.stats.chunk_seconds, self.session.running_seconds
+        stats, running = self.session.stats, self.session.running_seconds
+        took, making = stats.chunk_seconds, stats.make_seconds
         if self.config.reply_lead_ms is not None:
             lead = self.config.reply_lead_ms / 1000
-        elif took is None:  # nothing measured yet: a chunk being made, and the reply's first
+        elif took is None or making is None:  # nothing measured yet: a chunk, the reply's first
             lead = 2 * chunk_s + BLOCK_S
-        else:  # the chunk being made now finishes first
-            lead = (0.0 if running is None else max(0.0, took - running)) + took + REPLY_MARGIN_S
+        else:  # the chunk being made now is made first (its frames are dropped, not waited for)
+            rest = 0.0 if running is None else max(0.0, making - running)
+            lead = rest + took + REPLY_MARGIN_S
         queued = seg.queued * rate // self.sample_rate  # model samples
         produced = self.driver.samples
         jump = self.driver.idle_from(self._audio_next)  # nothing still to play is speech

@@ -42,6 +42,7 @@ class SessionStats:
     stage_seconds: dict[str, float] = field(default_factory=dict)  # per stage name, plus "sinks"
     skipped_frames: int = 0  # live catch-up (skip_chunk: the engine, run_live with max_lag_s)
     chunk_seconds: float | None = None  # recent wall time of one N chunk step (EMA), live budgets
+    make_seconds: float | None = None  # the same until its motion was made (EMA, the rest: frames)
 
     @property
     def ttff_ms(self) -> float | None:
@@ -89,6 +90,7 @@ class _Segment:
     latents: torch.Tensor | None
     audio: torch.Tensor | None
     done: int = 0
+    dropped: bool = False  # a rewind goes back before it: its frames are made again, not these
 
 
 class Session:
@@ -124,9 +126,10 @@ class Session:
         # Interrupts bump the audio epoch; each chunk records the epoch its audio was read in,
         # so consumers can tell frames made from since-interrupted audio (VideoChunk.epoch).
         self.audio_epoch = 0
-        # Chunks made (their motion) but not yet published: the engine may begin a session's
-        # next chunk while the last one's frames are rendered (``step_sessions``' ``computed``).
-        self._unpublished = 0
+        # Chunks made (their motion) but not yet published, oldest first: the engine may begin a
+        # session's next chunk while the last one's frames are rendered (``step_sessions``'
+        # ``computed``); a rewind drops those it goes back before (``_Segment.dropped``).
+        self._unpublished: list[_Segment] = []
         # Chunks skipped while others were still unpublished: first frame -> the frame after.
         self._skips: dict[int, int] = {}
         self._broken: BaseException | None = None  # a publish that failed: later ones give up
@@ -228,9 +231,16 @@ class Session:
 
     @property
     def running_seconds(self) -> float | None:
-        """How long the chunk being made now has been running (None: no chunk is)."""
+        """How long the chunk being made now has been running (None: no chunk is; its frames
+        may still be being rendered and published: :attr:`busy`)."""
         t0 = self._step_t0
         return None if t0 is None else time.perf_counter() - t0
+
+    @property
+    def busy(self) -> bool:
+        """A chunk is being made, or one made has frames still to publish."""
+        with self._cond:
+            return self._making is not None or bool(self._unpublished)
 
     @property
     def made_until(self) -> int:
@@ -245,9 +255,10 @@ class Session:
         ``audio`` replaces the driving audio from ``frame``'s first sample on: what had arrived
         after it is dropped, and the rest of the new audio comes through ``push_audio``. A
         reply that arrived ahead of real time starts on frames already made from silence. The
-        chunk being made now, if any, finishes (on the audio it read when it began); the
-        session goes back before its next one. Frames published from the old audio carry the
-        epoch from before this call.
+        chunk being made now, if any, is made (on the audio it read when it began) and the
+        session goes back before its next one; the chunks from ``frame`` on that are made but
+        not yet all published are dropped at once (their frames are not rendered, or no more of
+        them are). Frames published from the old audio carry the epoch from before this call.
 
         Returns:
             The new audio epoch (chunks begun from here on carry it).
@@ -258,6 +269,11 @@ class Session:
             # Now, not when the rewind is applied: audio pushed meanwhile follows the new audio.
             self.state.audio.replace_from(self._frame_sample(frame), audio)
             self._pending_rewind = frame
+            for seg in self._unpublished:
+                if seg.step.chunk.start >= frame:
+                    seg.dropped = True
+            self._unpublished = [seg for seg in self._unpublished if not seg.dropped]
+            self._skips = {a: b for a, b in self._skips.items() if a < frame}
             self.audio_epoch += 1
             self._cond.notify_all()
             epoch = self.audio_epoch
@@ -277,14 +293,16 @@ class Session:
         return self.next_chunk()  # a point at or after the next chunk
 
     def _apply_rewind(self) -> None:
-        """(lock held, no chunk running) Go back to the pending rewind's chunk."""
+        """(lock held, no chunk being made) Go back to the pending rewind's chunk; the chunks
+        before it may still be publishing (``rewind`` dropped those after it)."""
         assert self._pending_rewind is not None
         frame, self._pending_rewind = self._pending_rewind, None
         snap = None
         while self._snapshots and self._snapshots[-1].frames_published >= frame:
             snap = self._snapshots.pop()
         if snap is not None and snap.frames_published == frame:
-            self.state.next_n, self.state.frames_published = snap.next_n, snap.frames_published
+            self.state.next_n = snap.next_n
+            self.state.frames_published = min(self.state.frames_published, frame)
             self.state.fields, self.state.prompt = snap.fields, snap.prompt
         elif frame < self.state.frames_published:  # rewind() checked it was a point
             raise RuntimeError(f"rewind point {frame} was lost")
@@ -332,8 +350,8 @@ class Session:
             )
 
     def _ready_locked(self) -> bool:
-        if self._pending_rewind is not None and self._unpublished:
-            return False  # a rewind goes back once every chunk made is published
+        if self._pending_rewind is not None and self._making is not None:
+            return False  # a rewind goes back once the chunk being made is made
         n = self.next_chunk() if self._pending_rewind is None else self._rewind_chunk_locked()
         return n is not None and (
             self.state.audio.ended or self.state.audio.received >= self._audio_needed(n)
@@ -359,7 +377,7 @@ class Session:
         p, state = self.pipeline, self.state
         with self._cond:
             if self._pending_rewind is not None:
-                if self._unpublished:  # it goes back once every chunk made is published
+                if self._making is not None:  # it goes back once the chunk being made is made
                     return None
                 self._apply_rewind()
             if not self._ready_locked():
@@ -413,11 +431,20 @@ class Session:
         ctx_len = min(p.config.schedule.ctx_len, latents.shape[0])
         state.fields["context_latents"] = latents[-ctx_len:].clone()
         state.fields["context_audio"] = chunk_audio[-ctx_len:].clone()
+        seg = _Segment(step, display, chunk_audio)
+        took = time.perf_counter() - step.t0
+        last = self.stats.make_seconds
+        self.stats.make_seconds = took if last is None else 0.8 * last + 0.2 * took
         with self._cond:  # the next chunk may begin now; this one's frames are still to come
             state.next_n += 1
             self._making = None
-            self._unpublished += 1
-        return _Segment(step, display, chunk_audio)
+            if self._step_t0 == step.t0:
+                self._step_t0 = None
+            if self._pending_rewind is not None and n.start >= self._pending_rewind:
+                seg.dropped = True  # a rewind asked for while it was made goes back before it
+            else:
+                self._unpublished.append(seg)
+        return seg
 
     def _publish_segment(self, seg: _Segment, count: int | None = None) -> None:
         """Make and publish the next ``count`` frames of ``seg`` (None: all that are left; only a
@@ -425,15 +452,25 @@ class Session:
         ``FamilySpec.publish_per_frame``, is given fewer; ``seg.done`` counts them). After the
         chunk's last frame its step is over: timed, counted, the session's timeline moved on."""
         p, state, n = self.pipeline, self.state, seg.step.chunk
-        if seg.latents is None or seg.audio is None:  # all published already
+        if seg.dropped:
+            seg.latents = seg.audio = None
+        if seg.latents is None or seg.audio is None:  # all published already, or dropped
             return
         lo, total = seg.done, seg.latents.shape[0]
         hi = total if count is None else min(total, lo + count)
         if lo == 0:  # frames go out in order: after the session's chunk before this one
             with self._cond:
                 self._cond.wait_for(
-                    lambda: state.frames_published >= n.start or self._closed or self._broken
+                    lambda: (
+                        state.frames_published >= n.start
+                        or seg.dropped
+                        or self._closed
+                        or self._broken
+                    )
                 )
+                if seg.dropped:
+                    seg.latents = seg.audio = None
+                    return
                 if state.frames_published < n.start:
                     raise SessionClosedError(
                         "the session closed or failed before its last chunk was published"
@@ -449,6 +486,9 @@ class Session:
             state,
             self.stats.stage_seconds,
         ).pop("frames")
+        if seg.dropped:  # a rewind went back before it while its frames were rendered
+            seg.latents = seg.audio = None
+            return
         seg.done = hi
         if hi == total:
             took = time.perf_counter() - seg.step.t0
@@ -459,17 +499,15 @@ class Session:
         if hi == total:
             seg.latents = seg.audio = None  # the chunk's working tensors, released now
             with self._cond:
-                end = n.stop
-                while end in self._skips:  # chunks skipped after this one: done with it
-                    end = self._skips.pop(end)
-                state.frames_published = end
-                self._unpublished -= 1
-                self._trim_audio()
-                self._cond.notify_all()
-                rewind = self._pending_rewind is not None
+                if not seg.dropped:  # (dropped while written: the timeline went back already)
+                    end = n.stop
+                    while end in self._skips:  # chunks skipped after this one: done with it
+                        end = self._skips.pop(end)
+                    state.frames_published = end
+                    self._unpublished.remove(seg)
+                    self._trim_audio()
+                    self._cond.notify_all()
             self.stats.chunks += 1
-            if rewind:  # it waited for this chunk: whoever steps the session looks again
-                self._tell()
 
     def _publish_failed(self, err: BaseException) -> None:
         """A chunk's publish failed: the session's later chunks, waiting for it, give up."""

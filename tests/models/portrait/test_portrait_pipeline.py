@@ -160,6 +160,60 @@ def test_a_chunk_skipped_behind_unpublished_ones_is_passed_over_after_them(
     session.close()
 
 
+@pytest.mark.parametrize("point", [1, 2])
+def test_a_rewind_goes_back_before_the_last_chunks_frames_are_out(
+    pipeline, reference, speech, point
+) -> None:
+    """A rewind (an agent's reply starting early) goes back as soon as the chunk in hand is
+    made, not once its frames are out: the chunks from the rewind's point on that are made but
+    not published are dropped (their frames never rendered), the chunks before it still go out
+    first, and the frames are those of the same rewind made after everything was published,
+    less the stale frames that one published."""
+    audio = speech[: int(1.0 * RATE)]
+    chunks = [pipeline.timeline.n_chunk(k) for k in range(4)]
+    frame = chunks[point].start
+    reply = np.roll(speech, 9000)[: audio.shape[0] - frame_start_sample(frame, 25, RATE)]
+
+    # The same rewind, once both chunks are published: the stale frames of chunk 1 go out too.
+    later = CollectSink()
+    session = pipeline.open_session(reference.copy(), sinks=[later])
+    session.push_audio(audio)
+    session.end_audio()
+    assert session.step() and session.step()
+    before = len(later.frames)
+    session.rewind(frame, reply)
+    while session.step():
+        pass
+    session.close()
+    stale = [i for i in range(before) if later.first_indices[i] >= frame]
+    kept = [f for i, f in enumerate(later.frames) if i not in stale]
+
+    session, sink, threads, results = overlapped(pipeline, reference, audio)
+    assert session.state.next_n == 2 and sink.first_indices == []  # chunk 0's frames are held
+    assert frame in session.rewind_points()
+    session.rewind(frame, reply)
+    assert session.ready()  # at once: it does not wait for chunk 0's frames, nor chunk 1's
+    made = threading.Event()
+    again = threading.Thread(
+        target=step_sessions, args=([session],), kwargs={"computed": lambda s: made.set()}
+    )
+    again.start()
+    assert made.wait(30) and session.state.next_n == point + 1  # made again, frames still held
+    sink.release.set()
+    for thread in [*threads, again]:
+        thread.join(30)
+    published = [chunks[0].length, 0 if point == 1 else chunks[1].length]  # dropped: nothing
+    assert sorted(r[0] for r in results) == sorted(published)
+    while session.step():
+        pass
+    session.close()
+    assert sink.first_indices[:4] == [n.start for n in chunks]
+    assert sink.first_indices == sorted(set(sink.first_indices))  # in order, each once
+    assert sink.first_indices == [k for i, k in enumerate(later.first_indices) if i not in stale]
+    for a, b in zip(sink.frames, kept, strict=True):
+        assert np.array_equal(a, b)
+
+
 def test_a_chunk_being_made_is_not_skipped_under_its_maker(pipeline, reference, speech) -> None:
     """The live engine looks at which sessions are free, then skips the chunks of those past
     their lag bound, while another worker may take one of them meanwhile: a skip that comes
