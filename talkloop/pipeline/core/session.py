@@ -57,6 +57,11 @@ class SessionStats:
         return {k: v / media for k, v in sorted(dict(self.stage_seconds).items())}
 
 
+def _recent(last: float | None, took: float) -> float:
+    """A running time's recent value (EMA), the first one as it is."""
+    return took if last is None else 0.8 * last + 0.2 * took
+
+
 REWIND_S = 0.5  # how far back a rewind can go: a live call's playout delay, with room to spare
 
 
@@ -432,9 +437,7 @@ class Session:
         state.fields["context_latents"] = latents[-ctx_len:].clone()
         state.fields["context_audio"] = chunk_audio[-ctx_len:].clone()
         seg = _Segment(step, display, chunk_audio)
-        took = time.perf_counter() - step.t0
-        last = self.stats.make_seconds
-        self.stats.make_seconds = took if last is None else 0.8 * last + 0.2 * took
+        self.stats.make_seconds = _recent(self.stats.make_seconds, time.perf_counter() - step.t0)
         with self._cond:  # the next chunk may begin now; this one's frames are still to come
             state.next_n += 1
             self._making = None
@@ -493,8 +496,7 @@ class Session:
         if hi == total:
             took = time.perf_counter() - seg.step.t0
             self.stats.generate_seconds += took
-            last = self.stats.chunk_seconds
-            self.stats.chunk_seconds = took if last is None else 0.8 * last + 0.2 * took
+            self.stats.chunk_seconds = _recent(self.stats.chunk_seconds, took)
         self._publish(n.start + lo, frames, seg.step)
         if hi == total:
             seg.latents = seg.audio = None  # the chunk's working tensors, released now
